@@ -1,0 +1,42 @@
+# Two commands do everything on a fresh clone: `make run` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.deps-installed
+
+.PHONY: run test install lint typecheck pytest bench validate clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "torch==2.13.0"
+	$(BIN)/pip install -q -e ".[dev]" --config-settings editable_mode=strict
+	touch $(STAMP)
+
+# The strict editable install is a link tree: re-running it picks up new modules (about 2 s).
+install: $(STAMP)
+	$(BIN)/pip install -q --no-deps -e . --config-settings editable_mode=strict
+
+run: install
+	$(BIN)/frenzy run
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: install
+	$(BIN)/mypy -p frenzy_opt
+
+pytest: install
+	$(BIN)/pytest
+
+test: lint typecheck pytest
+
+validate: install
+	$(BIN)/python -m frenzy_opt.validation.report --out docs/marp-validation.md
+
+bench: install
+	$(BIN)/python benchmarks/plan_enumeration.py --out benchmarks/results/plan_enumeration.md
+
+clean:
+	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,1 @@
+"""The FastAPI scheduling service: see issue 5; nothing is served yet."""

@@ -1,0 +1,1 @@
+"""MARP: the memory-aware resource predictor (per-stage peak memory of a training step)."""

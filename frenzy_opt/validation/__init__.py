@@ -1,0 +1,1 @@
+"""Validation of MARP against measured peak memory (CPU FakeTensorMode + MemTracker, GPU runs)."""

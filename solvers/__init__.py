@@ -1,0 +1,1 @@
+"""Scheduling solvers (greedy HAS, CP-SAT, PuLP bound, baselines): see issue 3; nothing is registered yet."""
