@@ -180,3 +180,33 @@ def validate_arch(arch: ModelArch) -> None:
         raise ValueError(f"model.moe_top_k ({arch.moe_top_k}) must be <= num_experts ({arch.num_experts})")
     if arch.moe_ffn_hidden_size is not None and arch.moe_ffn_hidden_size < 1:
         raise ValueError(f"model.moe_ffn_hidden_size must be a positive integer or null, got {arch.moe_ffn_hidden_size}")
+
+
+def layer_weight_shapes(arch: ModelArch, *, tp: int, ep: int) -> list[tuple[int, ...]]:
+    """Shapes of the parameters of one block on one ``tp`` x ``ep`` rank, as the reference decoder holds
+    them (``out x in`` for linears). Used for factored optimizer states and per-tensor transients."""
+    h, d = arch.hidden_size, arch.kv_channels
+    q_local, kv_local = arch.num_attention_heads // tp * d, max(arch.num_kv_heads // tp, 1) * d
+    qkv_bias = arch.qkv_bias or arch.linear_bias
+    shapes: list[tuple[int, ...]] = [(q_local, h), (kv_local, h), (kv_local, h), (h, q_local)]
+    if qkv_bias:
+        shapes += [(q_local,), (kv_local,), (kv_local,)]
+    if arch.linear_bias:
+        shapes.append((h,))
+    norm = [(h,)] if arch.norm == "rmsnorm" else [(h,), (h,)]
+    shapes += norm * 2
+
+    def mlp(ffn: int) -> list[tuple[int, ...]]:
+        f_local = ffn // tp
+        out: list[tuple[int, ...]] = [(f_local, h), (h, f_local)] + ([(f_local, h)] if arch.mlp == "swiglu" else [])
+        if arch.linear_bias:
+            out += [(f_local,), (h,)] + ([(f_local,)] if arch.mlp == "swiglu" else [])
+        return out
+
+    if arch.is_moe:
+        shapes.append((arch.num_experts, h))
+        for _ in range(arch.num_experts // ep):
+            shapes += mlp(arch.expert_ffn_size)
+    else:
+        shapes += mlp(arch.ffn_hidden_size)
+    return shapes

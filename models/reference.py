@@ -40,9 +40,46 @@ class ShardSpec:
     has_output: bool = True
 
 
+class _RMSNormFunction(torch.autograd.Function):
+    """RMSNorm (Zhang & Sennrich 2019, Eq. 4) that keeps only its input and the per-token reciprocal RMS
+    for backward, as fused kernels do (Apex ``FusedRMSNorm``, Transformer Engine ``RMSNorm``)."""
+
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:  # type: ignore[override]
+        wide = torch.promote_types(x.dtype, torch.float32)
+        rstd = torch.rsqrt(x.to(wide).pow(2).mean(-1, keepdim=True) + eps)
+        ctx.save_for_backward(x, weight, rstd)
+        return (x.to(wide) * rstd).to(x.dtype) * weight
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:  # type: ignore[override]
+        x, weight, rstd = ctx.saved_tensors  # type: ignore[attr-defined]
+        wide = rstd.dtype
+        # Three wide (fp32) temporaries at most: the normalised input, the scaled gradient, one product.
+        normed = x.to(wide, copy=True).mul_(rstd)
+        g = grad.to(wide, copy=True)
+        grad_weight = (g * normed).reshape(-1, x.shape[-1]).sum(0).to(weight.dtype)
+        g.mul_(weight.to(wide))
+        # d/dx of x * rstd(x) applied to g: rstd * (g - normed * mean(g * normed)).
+        dot = (g * normed).mean(-1, keepdim=True)
+        grad_x = g.sub_(normed.mul_(dot)).mul_(rstd)
+        return grad_x.to(x.dtype), grad_weight, None
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, hidden_size: int, eps: float = 1e-5) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = _RMSNormFunction.apply(x, self.weight, self.eps)
+        return out
+
+
 def _norm(arch: ModelArch) -> nn.Module:
     if arch.norm == "rmsnorm":
-        return nn.RMSNorm(arch.hidden_size, eps=1e-5)
+        return RMSNorm(arch.hidden_size, eps=1e-5)
     return nn.LayerNorm(arch.hidden_size, eps=1e-5)
 
 

@@ -1,0 +1,199 @@
+"""Activation memory of one transformer block and of the embedding and loss, per micro-batch, in bytes.
+
+The accounting follows Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer
+Models", Sec. 4): sum the tensors each operator keeps for its backward pass. The operators are those of the
+reference decoder (``frenzy_opt.models.reference``), which are the ones a Megatron-style runtime runs:
+
+* a fused RMSNorm/LayerNorm keeps its input and per-token statistics in fp32 (Apex/Transformer Engine
+  kernels; LayerNorm keeps mean and reciprocal std, RMSNorm the reciprocal RMS);
+* each linear keeps its input (shared by the q, k and v projections);
+* RoPE keeps only its tables, so attention keeps the rotated q and k and the value projection;
+* flash attention (Dao et al. 2022, Alg. 2) keeps its output and the fp32 log-sum-exp per row instead of
+  the ``s x s`` probabilities; eager attention keeps the fp32 softmax output, its 16-bit copy, the causal
+  mask and, with grouped-query attention, the k/v heads expanded to the query heads;
+* SwiGLU keeps the gate, its SiLU, the up projection and their product; GeLU its input and output;
+* a mixture-of-experts layer keeps the router probabilities and, per local expert, the routed tokens and
+  that expert's MLP activations at capacity ``ceil(top_k * tokens / num_experts)`` (GShard capacity factor 1);
+* the loss keeps the final norm, the output-layer input and fp32 log-probabilities (``4 * tokens * vocab``).
+
+Parallelism divides the shapes as in Korthikanti et al. 2022, Table 2: tensor parallelism divides heads,
+ffn columns and vocabulary by ``tp``; sequence parallelism divides the norm/residual region by ``tp``;
+context parallelism divides the sequence by ``cp``. Full recompute keeps only each block's input
+(Chen et al. 2016); selective recompute drops the attention core's internals (Korthikanti Sec. 5).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from frenzy_opt.models.arch import ModelArch
+from frenzy_opt.spec import ParallelConfig, TrainingConfig
+
+# int64 token ids and targets (PyTorch's index dtype for embedding and nll_loss).
+INDEX_BYTES = 8
+FP32 = 4
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Dims:
+    """Per-rank tensor sizes of one micro-batch."""
+
+    b: int
+    s: int
+    tokens: int
+    h: int
+    hq: int
+    hkv: int
+    heads: int
+    ffn: int
+    vocab: int
+    a: int
+    """Bytes of a 16-bit (or fp32) activation element."""
+    a_linear: int
+    """Bytes of a saved linear input (1 under fp8: Transformer Engine keeps fp8 copies)."""
+    sp: int
+    """Divisor of the norm/residual region (tp with sequence parallelism, else 1)."""
+
+
+def dims(arch: ModelArch, training: TrainingConfig, parallel: ParallelConfig) -> Dims:
+    tp = parallel.tp
+    d = arch.kv_channels
+    s = math.ceil(training.seq_len / parallel.cp)
+    a = 4 if training.precision == "fp32" else 2
+    return Dims(
+        b=training.micro_batch_size,
+        s=s,
+        tokens=training.micro_batch_size * s,
+        h=arch.hidden_size,
+        hq=arch.num_attention_heads // tp * d,
+        hkv=max(arch.num_kv_heads // tp, 1) * d,
+        heads=arch.num_attention_heads // tp,
+        ffn=arch.ffn_hidden_size // tp,
+        vocab=math.ceil(arch.vocab_size / tp),
+        a=a,
+        a_linear=1 if training.precision == "fp8" else a,
+        sp=tp if parallel.sequence_parallel else 1,
+    )
+
+
+def _norm_bytes(arch: ModelArch, x: Dims) -> int:
+    """Saved input plus fp32 statistics (2 per token for LayerNorm, 1 for RMSNorm)."""
+    stats = 2 if arch.norm == "layernorm" else 1
+    return (x.a * x.tokens * x.h + stats * FP32 * x.tokens) // x.sp
+
+
+def _mlp_bytes(arch: ModelArch, x: Dims, tokens: int, ffn: int) -> int:
+    if arch.mlp == "swiglu":
+        # gate, silu(gate), up (16-bit each) and the product that feeds the down projection.
+        return 3 * x.a * tokens * ffn + x.a_linear * tokens * ffn
+    # GeLU input (16-bit) and GeLU output that feeds the down projection.
+    return x.a * tokens * ffn + x.a_linear * tokens * ffn
+
+
+def _attention_core_bytes(x: Dims, attention: str, recompute: str) -> int:
+    """What the attention core keeps beyond q, k, v and its output."""
+    if recompute == "selective":
+        return 0
+    if attention == "flash":
+        # Log-sum-exp per query row, fp32 (Dao et al. 2022, Alg. 2 output L).
+        return FP32 * x.b * x.heads * x.s
+    probs = x.b * x.heads * x.s * x.s
+    expanded_kv = 2 * x.a * x.tokens * (x.hq - x.hkv)
+    # fp32 softmax output + its 16-bit copy for P @ V, the s x s boolean causal mask, expanded k/v heads.
+    return (FP32 + x.a) * probs + x.s * x.s + expanded_kv
+
+
+def _moe_bytes(arch: ModelArch, x: Dims, parallel: ParallelConfig) -> int:
+    experts = arch.num_experts
+    capacity = math.ceil(arch.moe_top_k * x.tokens / experts)
+    local = experts // parallel.ep
+    ffn = arch.expert_ffn_size // parallel.tp
+    router = (x.a + FP32) * x.tokens * experts  # router logits and fp32 probabilities
+    per_expert = (
+        INDEX_BYTES * capacity  # token indices chosen
+        + x.a_linear * capacity * x.h  # routed tokens (expert input)
+        + _mlp_bytes(arch, x, capacity, ffn)
+        + x.a * capacity * (x.h + 1)  # expert output and its gate weight, kept by the weighting product
+    )
+    return router + local * per_expert
+
+
+def layer_bytes(arch: ModelArch, training: TrainingConfig, parallel: ParallelConfig) -> int:
+    """Activations one block keeps for backward, one micro-batch, one rank."""
+    x = dims(arch, training, parallel)
+    if parallel.recompute == "full":
+        return x.a * x.tokens * x.h // x.sp
+    qkv = x.a * x.tokens * (x.hq + 2 * x.hkv)
+    out = x.a_linear * x.tokens * x.hq  # attention output, the input of the output projection
+    attention = (
+        _norm_bytes(arch, x)
+        + x.a_linear * x.tokens * x.h // x.sp
+        + qkv
+        + out
+        + _attention_core_bytes(x, parallel.attention, parallel.recompute)
+    )
+    if arch.is_moe:
+        mlp = _moe_bytes(arch, x, parallel)
+    else:
+        mlp = x.a_linear * x.tokens * x.h // x.sp + _mlp_bytes(arch, x, x.tokens, x.ffn)
+    return attention + _norm_bytes(arch, x) + mlp
+
+
+def recompute_bytes(arch: ModelArch, training: TrainingConfig, parallel: ParallelConfig) -> int:
+    """Extra activations alive while one block is recomputed during backward (full recompute only)."""
+    if parallel.recompute != "full":
+        return 0
+    full = ParallelConfig(**{**parallel.to_dict(), "recompute": "none"})
+    return layer_bytes(arch, training, full)
+
+
+def embedding_bytes(arch: ModelArch, training: TrainingConfig, parallel: ParallelConfig) -> int:
+    """Token ids kept by the embedding backward (and position ids for learned positions)."""
+    x = dims(arch, training, parallel)
+    positions = INDEX_BYTES * x.s if arch.position_embedding == "learned" else 0
+    return INDEX_BYTES * x.tokens + positions
+
+
+def loss_bytes(arch: ModelArch, training: TrainingConfig, parallel: ParallelConfig) -> int:
+    """Final norm, output-layer input, fp32 log-probabilities and targets kept for backward."""
+    x = dims(arch, training, parallel)
+    return _norm_bytes(arch, x) + x.a_linear * x.tokens * x.h + FP32 * x.tokens * x.vocab + INDEX_BYTES * x.tokens
+
+
+def loss_backward_transient_bytes(arch: ModelArch, training: TrainingConfig, parallel: ParallelConfig) -> int:
+    """Backward of the loss: the fp32 gradient of the log-probabilities and of the logits exist together
+    with the kept log-probabilities (``nll_loss`` then ``log_softmax`` backward), ``8 * tokens * vocab``."""
+    x = dims(arch, training, parallel)
+    return 2 * FP32 * x.tokens * x.vocab
+
+
+def layer_backward_transient_bytes(
+    arch: ModelArch, training: TrainingConfig, parallel: ParallelConfig, weight_grad_bytes: int
+) -> int:
+    """Net growth inside one block's backward: the incoming gradient plus, at the MLP, either the SiLU-product
+    backward (gradients of both factors while the product's own gradient lives and the product itself is
+    freed: two ffn-wide tensors; one for GeLU) or the down projection's backward (its input gradient and a
+    ``weight_grad_bytes`` weight gradient not yet folded into the runtime's buffer)."""
+    x = dims(arch, training, parallel)
+    ffn = x.ffn
+    tokens = x.tokens
+    if arch.is_moe:
+        ffn = arch.expert_ffn_size // parallel.tp
+        tokens = math.ceil(arch.moe_top_k * x.tokens / arch.num_experts)
+    wide = 2 if arch.mlp == "swiglu" else 1
+    ffn_grad = x.a * tokens * ffn
+    return x.a * x.tokens * x.h + max(wide * ffn_grad, ffn_grad + weight_grad_bytes)
+
+
+def norm_backward_transient_bytes(arch: ModelArch, training: TrainingConfig, parallel: ParallelConfig) -> int:
+    """A norm's backward: the incoming gradient plus, for the reference RMSNorm, three fp32 token x hidden
+    temporaries (normalised input, scaled gradient, one product); LayerNorm's native kernel writes only the
+    input gradient."""
+    x = dims(arch, training, parallel)
+    wide = 3 * FP32 if arch.norm == "rmsnorm" else x.a
+    return (x.a + wide) * x.tokens * x.h // x.sp
+
+
+def final_norm_bytes(arch: ModelArch, training: TrainingConfig, parallel: ParallelConfig) -> int:
+    return _norm_bytes(arch, dims(arch, training, parallel))

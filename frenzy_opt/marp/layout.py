@@ -1,0 +1,140 @@
+"""Model-state layout per runtime: which copies of weights, gradients and optimizer states a rank keeps.
+
+``Φ`` below is the number of parameters a rank holds after tensor/pipeline/expert partitioning. The
+runtimes keep different copies (bytes per parameter):
+
+* megatron (Megatron-LM/Core, mixed precision): 16-bit weights, fp32 ``main_grad`` buffer, fp32 master
+  weights and Adam states; the distributed optimizer (zero_stage 1) shards master weights and optimizer
+  states over dp: ``6 + 12/dp`` bytes (Megatron-LM docs, "Distributed Optimizer" table; 18 without it).
+* deepspeed (ZeRO, Rajbhandari et al. 2020, Sec. 3 and Fig. 1): 16-bit weights and gradients, fp32 master
+  weights + Adam states (K = 12); stage 1 shards the K states, stage 2 also gradients, stage 3 also weights:
+  ``2 + 2 + 12/dp``, ``2 + 14/dp``, ``16/dp``.
+* fsdp2 (PyTorch FSDP2 ``fully_shard`` with ``MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=fp32)``,
+  Zhao et al. 2023): fp32 sharded parameters are the master copy; fp32 sharded gradients; Adam states on the
+  shard: ``16/dp`` plus the 16-bit unsharded parameters of the blocks being computed (zero_stage 3;
+  zero_stage 2 = ``reshard_after_forward=False`` keeps all of them gathered between forward and backward).
+* hf (Hugging Face Trainer on DDP with ``torch.autocast``): fp32 weights, fp32 gradients and fp32 states
+  (16 bytes), plus the autocast cache of 16-bit weight copies during forward and backward, and DDP's gradient
+  buckets (``4Φ`` for dp > 1; Li et al. 2020, PyTorch Distributed, Sec. 3.2.3).
+
+fp32 training keeps no master copy (weights are the master); fp8 keeps 16-bit weights as for bf16 plus
+an fp8 weight cache (Transformer Engine, ``Float8Tensor`` weight caching: 1 byte per parameter).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from frenzy_opt.spec import ParallelConfig, TrainingConfig
+
+# Bytes per element of each number format (IEEE 754 binary32/binary16, bfloat16, OCP FP8 spec).
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+
+ZERO_STAGES_BY_RUNTIME = {"megatron": (0, 1), "deepspeed": (0, 1, 2, 3), "fsdp2": (2, 3), "hf": (0,)}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StateLayout:
+    """Bytes per parameter of each model-state copy on one rank, after ZeRO/FSDP sharding."""
+
+    compute_bytes: int
+    """Element size of weights as the matmuls see them (2 for 16-bit and fp8 training, 4 for fp32)."""
+    weight_bytes: float
+    grad_bytes: float
+    master_bytes: float
+    optimizer_bytes: float
+    weight_cache_bytes: float
+    """Per-parameter bytes of compute copies alive during a step (autocast cache, fp8 cache)."""
+    grad_buffer_bytes: float
+    """Per-parameter bytes of gradient communication buffers (DDP buckets)."""
+    gathered_weight_bytes: int
+    """Bytes per parameter of an unsharded (all-gathered) compute copy, for ZeRO-3/FSDP; 0 otherwise."""
+    gathered_grad_bytes: int
+    """Bytes per parameter of an unsharded gradient before its reduce-scatter (ZeRO-2/3, FSDP)."""
+    transient_grad_bytes: int
+    """Bytes per parameter of the autograd ``.grad`` made before it is folded into a persistent buffer."""
+
+
+def optimizer_state_bytes(optimizer: str) -> float:
+    """fp32 optimizer state bytes per parameter (states kept in fp32 by every runtime modelled).
+
+    Adam/AdamW: first and second moments (Kingma & Ba 2015). SGD with momentum: one buffer. Adafactor keeps
+    a factored second moment (Shazeer & Stern 2018, Alg. 4) whose size is handled per matrix by the caller;
+    here it counts as 0 per parameter.
+    """
+    return {"adamw": 8.0, "adam": 8.0, "sgd": 4.0, "adafactor": 0.0}[optimizer]
+
+
+def validate_runtime_zero(training: TrainingConfig, parallel: ParallelConfig) -> None:
+    allowed = ZERO_STAGES_BY_RUNTIME[training.runtime]
+    if parallel.zero_stage not in allowed:
+        raise ValueError(
+            f"parallel.zero_stage {parallel.zero_stage} is not available with training.runtime "
+            f"{training.runtime}; allowed: {', '.join(map(str, allowed))}"
+        )
+
+
+def state_layout(training: TrainingConfig, parallel: ParallelConfig) -> StateLayout:
+    """The :class:`StateLayout` of ``training.runtime`` at ``training.precision`` and ``zero_stage``."""
+    validate_runtime_zero(training, parallel)
+    dp, zero = parallel.dp, parallel.zero_stage
+    mixed = training.precision != "fp32"
+    compute = 4 if not mixed else 2
+    opt = optimizer_state_bytes(training.optimizer)
+    fp8_cache = 1.0 if training.precision == "fp8" else 0.0
+    shard1 = dp if zero >= 1 else 1
+    shard2 = dp if zero >= 2 else 1
+    shard3 = dp if zero >= 3 else 1
+    runtime = training.runtime
+    if runtime == "megatron":
+        return StateLayout(
+            compute_bytes=compute,
+            weight_bytes=compute,
+            grad_bytes=4,
+            master_bytes=4 / shard1 if mixed else 0.0,
+            optimizer_bytes=opt / shard1,
+            weight_cache_bytes=fp8_cache,
+            grad_buffer_bytes=0.0,
+            gathered_weight_bytes=0,
+            gathered_grad_bytes=0,
+            transient_grad_bytes=compute,
+        )
+    if runtime == "deepspeed":
+        return StateLayout(
+            compute_bytes=compute,
+            weight_bytes=compute / shard3,
+            grad_bytes=compute / shard2,
+            master_bytes=4 / shard1 if mixed else 0.0,
+            optimizer_bytes=opt / shard1,
+            weight_cache_bytes=fp8_cache,
+            grad_buffer_bytes=0.0,
+            gathered_weight_bytes=compute if zero >= 3 else 0,
+            gathered_grad_bytes=compute if zero >= 2 else 0,
+            transient_grad_bytes=0,
+        )
+    if runtime == "fsdp2":
+        return StateLayout(
+            compute_bytes=compute,
+            weight_bytes=4 / dp,
+            grad_bytes=4 / dp,
+            master_bytes=0.0,
+            optimizer_bytes=opt / dp,
+            weight_cache_bytes=fp8_cache,
+            grad_buffer_bytes=0.0,
+            gathered_weight_bytes=compute,
+            gathered_grad_bytes=4,
+            transient_grad_bytes=0,
+        )
+    # hf: fp32 model under autocast; DDP buckets when data parallel.
+    return StateLayout(
+        compute_bytes=compute,
+        weight_bytes=4,
+        grad_bytes=4,
+        master_bytes=0.0,
+        optimizer_bytes=opt,
+        weight_cache_bytes=(2.0 if mixed else 0.0) + fp8_cache,
+        grad_buffer_bytes=4.0 if dp > 1 else 0.0,
+        gathered_weight_bytes=0,
+        gathered_grad_bytes=0,
+        transient_grad_bytes=0,
+    )

@@ -1,0 +1,67 @@
+"""Pipeline partitioning and in-flight micro-batches per stage (pure arithmetic)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageShape:
+    """What pipeline rank ``stage`` holds and how many micro-batches' activations it keeps at once."""
+
+    stage: int
+    num_layers: int
+    first_layer: int
+    has_embedding: bool
+    has_output: bool
+    in_flight_layer_microbatches: float
+    """Sum over in-flight (chunk, micro-batch) pairs of the layers whose activations are kept, divided by
+    ``num_layers``: the number of micro-batches' worth of this rank's activations alive at the peak."""
+
+
+def chunk_layer_counts(num_layers: int, pp: int, vpp: int) -> list[int]:
+    """Layers per model chunk, chunk ``c`` living on rank ``c % pp`` (Narayanan et al. 2021, Sec. 2.2).
+    An uneven remainder goes to the earliest chunks."""
+    chunks = pp * vpp
+    if num_layers < chunks:
+        raise ValueError(f"parallel.pp x parallel.vpp ({chunks}) must be <= the model's num_layers ({num_layers})")
+    base, extra = divmod(num_layers, chunks)
+    return [base + (1 if c < extra else 0) for c in range(chunks)]
+
+
+def in_flight_chunks(stage: int, pp: int, vpp: int, num_microbatches: int) -> int:
+    """Chunk-micro-batches whose activations rank ``stage`` holds at its peak.
+
+    Non-interleaved 1F1B keeps ``pp - stage`` micro-batches (Narayanan et al. 2021, Sec. 2.2; Korthikanti
+    et al. 2022, Sec. 4.2.3). Interleaved 1F1B warms up with ``2 (pp - stage - 1) + (vpp - 1) pp`` forward
+    chunks before its first backward (Megatron-LM ``schedules.py``), so one more is in flight at the peak.
+    Never more than the ``vpp * num_microbatches`` chunks of a step.
+    """
+    if vpp == 1:
+        return min(pp - stage, num_microbatches)
+    warmup = 2 * (pp - stage - 1) + (vpp - 1) * pp
+    return min(warmup + 1, vpp * num_microbatches)
+
+
+def stage_shapes(num_layers: int, pp: int, vpp: int, num_microbatches: int) -> list[StageShape]:
+    """One :class:`StageShape` per pipeline rank, in order."""
+    counts = chunk_layer_counts(num_layers, pp, vpp)
+    shapes = []
+    for stage in range(pp):
+        mine = [counts[c] for c in range(stage, pp * vpp, pp)]
+        layers = sum(mine)
+        chunks_alive = in_flight_chunks(stage, pp, vpp, num_microbatches)
+        # Chunks run round-robin over the rank's vpp chunks, so each alive chunk holds its chunk's layers;
+        # with equal chunks this is chunks_alive * layers / vpp.
+        alive_layers = sum(mine[i % vpp] for i in range(chunks_alive))
+        shapes.append(
+            StageShape(
+                stage=stage,
+                num_layers=layers,
+                first_layer=sum(counts[:stage]) if vpp == 1 else stage * counts[0],
+                has_embedding=stage == 0,
+                has_output=stage == pp - 1,
+                in_flight_layer_microbatches=alive_layers / layers,
+            )
+        )
+    return shapes
