@@ -24,8 +24,10 @@ context parallelism divides the sequence by ``cp``. Full recompute keeps only ea
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from frenzy_opt.models.arch import ModelArch
 from frenzy_opt.spec import ParallelConfig, TrainingConfig
@@ -175,15 +177,17 @@ def layer_backward_transient_bytes(
     backward (gradients of both factors while the product's own gradient lives and the product itself is
     freed: two ffn-wide tensors; one for GeLU) or the down projection's backward (its input gradient and a
     ``weight_grad_bytes`` weight gradient not yet folded into the runtime's buffer)."""
+    incoming, ffn_grad, wide = _block_backward_parts(arch, training, parallel)
+    return incoming + max(wide * ffn_grad, ffn_grad + weight_grad_bytes)
+
+
+def _block_backward_parts(arch: ModelArch, training: TrainingConfig, parallel: ParallelConfig) -> tuple[int, int, int]:
     x = dims(arch, training, parallel)
-    ffn = x.ffn
-    tokens = x.tokens
+    ffn, tokens = x.ffn, x.tokens
     if arch.is_moe:
         ffn = arch.expert_ffn_size // parallel.tp
         tokens = math.ceil(arch.moe_top_k * x.tokens / arch.num_experts)
-    wide = 2 if arch.mlp == "swiglu" else 1
-    ffn_grad = x.a * tokens * ffn
-    return x.a * x.tokens * x.h + max(wide * ffn_grad, ffn_grad + weight_grad_bytes)
+    return x.a * x.tokens * x.h, x.a * tokens * ffn, 2 if arch.mlp == "swiglu" else 1
 
 
 def norm_backward_transient_bytes(arch: ModelArch, training: TrainingConfig, parallel: ParallelConfig) -> int:
@@ -197,3 +201,71 @@ def norm_backward_transient_bytes(arch: ModelArch, training: TrainingConfig, par
 
 def final_norm_bytes(arch: ModelArch, training: TrainingConfig, parallel: ParallelConfig) -> int:
     return _norm_bytes(arch, dims(arch, training, parallel))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ActivationTerms:
+    """Every activation term of one micro-batch on one rank, computed once per shape (see
+    :func:`activation_terms`)."""
+
+    layer: int
+    recompute: int
+    embedding: int
+    loss: int
+    loss_backward: int
+    norm_backward: int
+    final_norm: int
+    block_incoming_grad: int
+    block_ffn_grad: int
+    block_ffn_wide: int
+
+    def block_backward(self, weight_grad_bytes: int) -> int:
+        """:func:`layer_backward_transient_bytes` from the cached parts."""
+        return self.block_incoming_grad + max(
+            self.block_ffn_wide * self.block_ffn_grad, self.block_ffn_grad + weight_grad_bytes
+        )
+
+
+_CACHE_TRAINING = TrainingConfig()
+_CACHE_PARALLEL = ParallelConfig()
+
+
+def activation_terms(arch: ModelArch, training: TrainingConfig, parallel: ParallelConfig) -> ActivationTerms:
+    """All terms for the shape that ``training`` and ``parallel`` give one rank. Memoised on the fields
+    activations depend on (not dp, pp, vpp, ZeRO stage, batch totals or runtime), so a plan search computes
+    each shape once."""
+    key = (
+        arch,
+        training.seq_len,
+        training.micro_batch_size,
+        training.precision,
+        parallel.tp,
+        parallel.cp,
+        parallel.ep,
+        parallel.sequence_parallel,
+        parallel.recompute,
+        parallel.attention,
+    )
+    return _activation_terms(key)
+
+
+@functools.lru_cache(maxsize=65536)
+def _activation_terms(key: tuple[Any, ...]) -> ActivationTerms:
+    arch, seq_len, mb, precision, tp, cp, ep, sp, recompute, attention = key
+    training = replace(_CACHE_TRAINING, seq_len=seq_len, micro_batch_size=mb, global_batch_size=mb, precision=precision)
+    parallel = replace(
+        _CACHE_PARALLEL, tp=tp, cp=cp, ep=ep, dp=ep, sequence_parallel=sp, recompute=recompute, attention=attention
+    )
+    incoming, ffn_grad, wide = _block_backward_parts(arch, training, parallel)
+    return ActivationTerms(
+        layer=layer_bytes(arch, training, parallel),
+        recompute=recompute_bytes(arch, training, parallel),
+        embedding=embedding_bytes(arch, training, parallel),
+        loss=loss_bytes(arch, training, parallel),
+        loss_backward=loss_backward_transient_bytes(arch, training, parallel),
+        norm_backward=norm_backward_transient_bytes(arch, training, parallel),
+        final_norm=final_norm_bytes(arch, training, parallel),
+        block_incoming_grad=incoming,
+        block_ffn_grad=ffn_grad,
+        block_ffn_wide=wide,
+    )

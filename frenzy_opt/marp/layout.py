@@ -23,6 +23,7 @@ an fp8 weight cache (Transformer Engine, ``Float8Tensor`` weight caching: 1 byte
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from frenzy_opt.spec import ParallelConfig, TrainingConfig
@@ -35,7 +36,8 @@ ZERO_STAGES_BY_RUNTIME = {"megatron": (0, 1), "deepspeed": (0, 1, 2, 3), "fsdp2"
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StateLayout:
-    """Bytes per parameter of each model-state copy on one rank, after ZeRO/FSDP sharding."""
+    """Bytes per parameter of each model-state copy on one rank before sharding, and which copies
+    ZeRO/FSDP shard over the data-parallel ranks (:meth:`per_param` divides those by dp)."""
 
     compute_bytes: int
     """Element size of weights as the matmuls see them (2 for 16-bit and fp8 training, 4 for fp32)."""
@@ -43,6 +45,10 @@ class StateLayout:
     grad_bytes: float
     master_bytes: float
     optimizer_bytes: float
+    shard_weights: bool
+    shard_grads: bool
+    shard_optimizer: bool
+    """Master weights and optimizer states are sharded together (ZeRO stage >= 1)."""
     weight_cache_bytes: float
     """Per-parameter bytes of compute copies alive during a step (autocast cache, fp8 cache)."""
     grad_buffer_bytes: float
@@ -53,6 +59,13 @@ class StateLayout:
     """Bytes per parameter of an unsharded gradient before its reduce-scatter (ZeRO-2/3, FSDP)."""
     transient_grad_bytes: int
     """Bytes per parameter of the autograd ``.grad`` made before it is folded into a persistent buffer."""
+
+    def per_param(self, dp: int) -> tuple[float, float, float, float]:
+        """(weights, grads, master weights, optimizer states) bytes per parameter at data parallelism dp."""
+        w = self.weight_bytes / dp if self.shard_weights else self.weight_bytes
+        g = self.grad_bytes / dp if self.shard_grads else self.grad_bytes
+        shard = dp if self.shard_optimizer else 1
+        return w, g, self.master_bytes / shard, self.optimizer_bytes / shard
 
 
 def optimizer_state_bytes(optimizer: str) -> float:
@@ -77,64 +90,43 @@ def validate_runtime_zero(training: TrainingConfig, parallel: ParallelConfig) ->
 def state_layout(training: TrainingConfig, parallel: ParallelConfig) -> StateLayout:
     """The :class:`StateLayout` of ``training.runtime`` at ``training.precision`` and ``zero_stage``."""
     validate_runtime_zero(training, parallel)
-    dp, zero = parallel.dp, parallel.zero_stage
-    mixed = training.precision != "fp32"
+    return state_layout_for(training.runtime, training.precision, training.optimizer, parallel.zero_stage, parallel.dp > 1)
+
+
+@functools.lru_cache(maxsize=256)
+def state_layout_for(runtime: str, precision: str, optimizer: str, zero: int, data_parallel: bool) -> StateLayout:
+    mixed = precision != "fp32"
     compute = 4 if not mixed else 2
-    opt = optimizer_state_bytes(training.optimizer)
-    fp8_cache = 1.0 if training.precision == "fp8" else 0.0
-    shard1 = dp if zero >= 1 else 1
-    shard2 = dp if zero >= 2 else 1
-    shard3 = dp if zero >= 3 else 1
-    runtime = training.runtime
+    opt = optimizer_state_bytes(optimizer)
+    fp8_cache = 1.0 if precision == "fp8" else 0.0
+    master = 4.0 if mixed else 0.0
     if runtime == "megatron":
         return StateLayout(
-            compute_bytes=compute,
-            weight_bytes=compute,
-            grad_bytes=4,
-            master_bytes=4 / shard1 if mixed else 0.0,
-            optimizer_bytes=opt / shard1,
-            weight_cache_bytes=fp8_cache,
-            grad_buffer_bytes=0.0,
-            gathered_weight_bytes=0,
-            gathered_grad_bytes=0,
-            transient_grad_bytes=compute,
-        )
+            compute_bytes=compute, weight_bytes=compute, grad_bytes=4, master_bytes=master, optimizer_bytes=opt,
+            shard_weights=False, shard_grads=False, shard_optimizer=zero >= 1,
+            weight_cache_bytes=fp8_cache, grad_buffer_bytes=0.0,
+            gathered_weight_bytes=0, gathered_grad_bytes=0, transient_grad_bytes=compute,
+        )  # fmt: skip
     if runtime == "deepspeed":
         return StateLayout(
-            compute_bytes=compute,
-            weight_bytes=compute / shard3,
-            grad_bytes=compute / shard2,
-            master_bytes=4 / shard1 if mixed else 0.0,
-            optimizer_bytes=opt / shard1,
-            weight_cache_bytes=fp8_cache,
-            grad_buffer_bytes=0.0,
-            gathered_weight_bytes=compute if zero >= 3 else 0,
-            gathered_grad_bytes=compute if zero >= 2 else 0,
+            compute_bytes=compute, weight_bytes=compute, grad_bytes=compute, master_bytes=master,
+            optimizer_bytes=opt, shard_weights=zero >= 3, shard_grads=zero >= 2, shard_optimizer=zero >= 1,
+            weight_cache_bytes=fp8_cache, grad_buffer_bytes=0.0,
+            gathered_weight_bytes=compute if zero >= 3 else 0, gathered_grad_bytes=compute if zero >= 2 else 0,
             transient_grad_bytes=0,
-        )
+        )  # fmt: skip
     if runtime == "fsdp2":
+        # The fp32 sharded parameters are the master copy: no separate master weights.
         return StateLayout(
-            compute_bytes=compute,
-            weight_bytes=4 / dp,
-            grad_bytes=4 / dp,
-            master_bytes=0.0,
-            optimizer_bytes=opt / dp,
-            weight_cache_bytes=fp8_cache,
-            grad_buffer_bytes=0.0,
-            gathered_weight_bytes=compute,
-            gathered_grad_bytes=4,
-            transient_grad_bytes=0,
-        )
+            compute_bytes=compute, weight_bytes=4, grad_bytes=4, master_bytes=0.0, optimizer_bytes=opt,
+            shard_weights=True, shard_grads=True, shard_optimizer=True,
+            weight_cache_bytes=fp8_cache, grad_buffer_bytes=0.0,
+            gathered_weight_bytes=compute, gathered_grad_bytes=4, transient_grad_bytes=0,
+        )  # fmt: skip
     # hf: fp32 model under autocast; DDP buckets when data parallel.
     return StateLayout(
-        compute_bytes=compute,
-        weight_bytes=4,
-        grad_bytes=4,
-        master_bytes=0.0,
-        optimizer_bytes=opt,
-        weight_cache_bytes=(2.0 if mixed else 0.0) + fp8_cache,
-        grad_buffer_bytes=4.0 if dp > 1 else 0.0,
-        gathered_weight_bytes=0,
-        gathered_grad_bytes=0,
-        transient_grad_bytes=0,
-    )
+        compute_bytes=compute, weight_bytes=4, grad_bytes=4, master_bytes=0.0, optimizer_bytes=opt,
+        shard_weights=False, shard_grads=False, shard_optimizer=False,
+        weight_cache_bytes=(2.0 if mixed else 0.0) + fp8_cache, grad_buffer_bytes=4.0 if data_parallel else 0.0,
+        gathered_weight_bytes=0, gathered_grad_bytes=0, transient_grad_bytes=0,
+    )  # fmt: skip

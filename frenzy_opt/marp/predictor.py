@@ -17,13 +17,14 @@ switched off, as the CPU validation does.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
 from frenzy_opt.gpus import GpuType
 from frenzy_opt.marp import activations as act
 from frenzy_opt.marp.layout import StateLayout, state_layout
-from frenzy_opt.marp.stages import StageShape, stage_shapes
+from frenzy_opt.marp.stages import chunk_layer_counts, in_flight_layer_microbatches
 from frenzy_opt.models.arch import ModelArch, layer_weight_shapes, shard_param_counts
 from frenzy_opt.spec import JobSpec, ParallelConfig, TrainingConfig
 
@@ -98,122 +99,243 @@ class MemoryPrediction:
         return None if self.capacity_bytes is None else self.device_used_bytes <= self.capacity_bytes
 
 
-def _stage_params(arch: ModelArch, parallel: ParallelConfig, shape: StageShape) -> tuple[int, int]:
-    """(parameters on this rank, parameters of the embedding table(s) on it)."""
-    counts = shard_param_counts(arch, tp=parallel.tp, ep=parallel.ep)
-    total = shape.num_layers * counts.per_layer
-    embedding = 0
-    if shape.has_embedding:
-        total += counts.embedding
-        embedding = counts.embedding
-    if shape.has_output:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParamTerms:
+    """Parameter counts one pipeline rank holds (after tp/ep partitioning)."""
+
+    params: int
+    embedding_params: int
+    layer_params: int
+    largest_layer_param: int
+    adafactor_state_bytes: int
+    """fp32 bytes of Adafactor's factored second moments on this rank's blocks (Shazeer & Stern 2018,
+    Alg. 4: row and column factors per matrix, a full moment per vector)."""
+
+
+@functools.lru_cache(maxsize=65536)
+def param_terms(arch: ModelArch, tp: int, ep: int, pp: int, num_layers: int, first: bool, last: bool) -> ParamTerms:
+    counts = shard_param_counts(arch, tp=tp, ep=ep)
+    shapes = layer_weight_shapes(arch, tp=tp, ep=ep)
+    total = num_layers * counts.per_layer
+    embedding = counts.embedding if first else 0
+    total += embedding
+    if last:
         # A tied output layer on another stage than the embedding is a separate copy (Megatron-LM keeps
         # the word embeddings on the last stage and all-reduces their gradients with the first).
-        output = counts.output if parallel.pp == 1 else counts.output_if_untied
-        total += counts.final_norm + output
-    return total, embedding
+        total += counts.final_norm + (counts.output if pp == 1 else counts.output_if_untied)
+    factored = sum(sum(shape) if len(shape) == 2 else shape[0] for shape in shapes)
+    return ParamTerms(
+        params=total,
+        embedding_params=embedding,
+        layer_params=counts.per_layer,
+        largest_layer_param=max(math.prod(shape) for shape in shapes),
+        adafactor_state_bytes=act.FP32 * num_layers * factored,
+    )
 
 
-def _adafactor_bytes(arch: ModelArch, parallel: ParallelConfig, shape: StageShape) -> int:
-    """Adafactor keeps row and column second-moment factors per matrix and a full one per vector
-    (Shazeer & Stern 2018, Alg. 4), fp32."""
-    per_layer = sum(sum(s) if len(s) == 2 else s[0] for s in layer_weight_shapes(arch, tp=parallel.tp, ep=parallel.ep))
-    return act.FP32 * shape.num_layers * per_layer
-
-
-def _num_microbatches(training: TrainingConfig, parallel: ParallelConfig) -> int:
+def num_microbatches(training: TrainingConfig, parallel: ParallelConfig) -> int:
+    """Micro-batches per step on each data-parallel rank (gradient-accumulation steps)."""
     return max(training.global_batch_size // (training.micro_batch_size * parallel.dp), 1)
 
 
-def _comm_buffers(training: TrainingConfig, parallel: ParallelConfig, layout: StateLayout, params: int, layer_params: int) -> int:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Phase:
+    """One moment of the step that can hold the peak, beyond the model states and (if ``holds_activations``)
+    the in-flight activations: bytes of loss tensors, communication buffers and temporaries."""
+
+    name: str
+    holds_activations: bool
+    logits_and_loss: int
+    communication_buffers: int
+    temporaries: int
+
+    @property
+    def extra_bytes(self) -> int:
+        return self.logits_and_loss + self.communication_buffers + self.temporaries
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageModel:
+    """Everything about one pipeline rank's memory that does not depend on dp, so that a plan search
+    evaluates many data-parallel degrees cheaply (:meth:`allocated_bytes`); :func:`predict_stage` builds
+    the named breakdown from the same :meth:`states`, :meth:`activations` and ``phases``."""
+
+    stage: int
+    pp: int
+    chunk_layers: tuple[int, ...]
+    has_embedding: bool
+    params: ParamTerms
+    acts: act.ActivationTerms
+    layout: StateLayout
+    adafactor: bool
+    global_batch_size: int
+    micro_batch_size: int
+    phases: tuple[Phase, ...]
+
+    @property
+    def num_layers(self) -> int:
+        return sum(self.chunk_layers)
+
+    def states(self, dp: int) -> dict[str, int]:
+        """Model-state copies at data parallelism ``dp``, bytes."""
+        params = self.params.params
+        weights, grads, master, optimizer = self.layout.per_param(dp)
+        if self.adafactor:
+            opt_bytes = self.params.adafactor_state_bytes / (dp if self.layout.shard_optimizer else 1)
+        else:
+            opt_bytes = optimizer * params
+        return {
+            "weights": int(weights * params),
+            "grads": int(grads * params),
+            "master_weights": int(master * params),
+            "optimizer_states": int(opt_bytes),
+            "weight_cache": int(self.layout.weight_cache_bytes * params),
+        }
+
+    def activations(self, dp: int) -> int:
+        """Activations of every in-flight micro-batch at the stage's peak, bytes."""
+        microbatches = max(self.global_batch_size // (self.micro_batch_size * dp), 1)
+        in_flight = in_flight_layer_microbatches(self.chunk_layers, self.stage, self.pp, microbatches)
+        held = int(in_flight * self.num_layers * self.acts.layer)
+        if self.has_embedding:
+            held += math.ceil(in_flight) * self.acts.embedding
+        return held
+
+    def peak_phase(self, dp: int) -> tuple[Phase, int]:
+        """The phase holding the peak and its bytes beyond the model states."""
+        held = self.activations(dp)
+        return max(((p, (held if p.holds_activations else 0) + p.extra_bytes) for p in self.phases), key=lambda x: x[1])
+
+    def allocated_bytes(self, dp: int) -> int:
+        """Peak allocated bytes at data parallelism ``dp`` (the fast path of :func:`predict_stage`)."""
+        return sum(self.states(dp).values()) + self.peak_phase(dp)[1]
+
+
+def stage_model(job: JobSpec, stage: int) -> StageModel:
+    return stage_model_of(job.model, job.training, job.parallel, stage)
+
+
+def stage_model_of(arch: ModelArch, training: TrainingConfig, parallel: ParallelConfig, stage: int) -> StageModel:
+    """The :class:`StageModel` of pipeline rank ``stage`` (dp only through the ZeRO stage it allows)."""
+    counts = chunk_layer_counts(arch.num_layers, parallel.pp, parallel.vpp)
+    chunk_layers = counts[stage :: parallel.pp]
+    first, last = stage == 0, stage == parallel.pp - 1
+    params = param_terms(arch, parallel.tp, parallel.ep, parallel.pp, sum(chunk_layers), first, last)
+    acts = act.activation_terms(arch, training, parallel)
+    layout = state_layout(training, parallel)
+    comm = comm_buffer_bytes(training, parallel, layout, params)
+    block_temp = acts.block_backward(layout.transient_grad_bytes * params.largest_layer_param) + acts.recompute
+    phases = [
+        Phase(name="block_backward", holds_activations=True, logits_and_loss=0, communication_buffers=comm,
+              temporaries=block_temp),
+        Phase(name="norm_backward", holds_activations=True, logits_and_loss=acts.final_norm if last else 0,
+              communication_buffers=comm, temporaries=acts.norm_backward),
+        # The embedding's gradient is made last, when the blocks' activations are already freed.
+        Phase(name="embedding_backward", holds_activations=False, logits_and_loss=0, communication_buffers=comm,
+              temporaries=layout.transient_grad_bytes * params.embedding_params),
+        Phase(name="optimizer_step", holds_activations=False, logits_and_loss=0,
+              communication_buffers=int(layout.grad_buffer_bytes * params.params), temporaries=0),
+    ]  # fmt: skip
+    if last:
+        phases.append(
+            Phase(name="loss_backward", holds_activations=True, logits_and_loss=acts.loss + acts.loss_backward,
+                  communication_buffers=comm, temporaries=0)
+        )  # fmt: skip
+    return StageModel(
+        stage=stage,
+        pp=parallel.pp,
+        chunk_layers=chunk_layers,
+        has_embedding=first,
+        params=params,
+        acts=acts,
+        layout=layout,
+        adafactor=training.optimizer == "adafactor",
+        global_batch_size=training.global_batch_size,
+        micro_batch_size=training.micro_batch_size,
+        phases=tuple(phases),
+    )
+
+
+def comm_buffer_bytes(training: TrainingConfig, parallel: ParallelConfig, layout: StateLayout, terms: ParamTerms) -> int:
     """Communication buffers held through backward: DDP buckets (hf), DeepSpeed's ZeRO-2 reduce bucket
     (``reduce_bucket_size`` default 5e8 elements, DeepSpeed config docs), gathered FSDP/ZeRO-3 weights of
-    the current and the prefetched block (FSDP2 default prefetch of one, Zhao et al. 2023, Sec. 3.3), and
-    the unsharded gradients of one block before its reduce-scatter."""
+    the current and the prefetched block (FSDP2 default prefetch of one, Zhao et al. 2023, Sec. 3.3) or of
+    every block when weights stay gathered (zero_stage 2 under fsdp2), and the unsharded gradients of one
+    block before its reduce-scatter."""
+    params, layer_params = terms.params, terms.layer_params
+    zero = parallel.zero_stage
     buffers = int(layout.grad_buffer_bytes * params)
-    if training.runtime == "deepspeed" and parallel.zero_stage == 2:
+    deepspeed_zero2 = training.runtime == "deepspeed" and zero == 2
+    if deepspeed_zero2:
         buffers += layout.compute_bytes * min(params, 500_000_000)
     if layout.gathered_weight_bytes:
-        blocks = 2 if parallel.zero_stage >= 3 else params / max(layer_params, 1)
-        buffers += int(layout.gathered_weight_bytes * layer_params * blocks)
-    if layout.gathered_grad_bytes and not (training.runtime == "deepspeed" and parallel.zero_stage == 2):
+        gathered = 2 * layer_params if zero >= 3 else params
+        buffers += layout.gathered_weight_bytes * gathered
+    if layout.gathered_grad_bytes and not deepspeed_zero2:
         buffers += layout.gathered_grad_bytes * layer_params
     return buffers
 
 
-def predict_stage(job: JobSpec, shape: StageShape, cuda: CudaTerms | None, gpu: GpuType | None) -> StagePrediction:
-    arch, training, parallel = job.model, job.training, job.parallel
-    layout = state_layout(training, parallel)
-    params, embedding_params = _stage_params(arch, parallel, shape)
-    largest = max(math.prod(s) for s in layer_weight_shapes(arch, tp=parallel.tp, ep=parallel.ep))
-    layer_params = shard_param_counts(arch, tp=parallel.tp, ep=parallel.ep).per_layer
-    optimizer = (
-        _adafactor_bytes(arch, parallel, shape) / (parallel.dp if parallel.zero_stage >= 1 else 1)
-        if training.optimizer == "adafactor"
-        else layout.optimizer_bytes * params
-    )
-    states = {
-        "weights": int(layout.weight_bytes * params),
-        "grads": int(layout.grad_bytes * params),
-        "master_weights": int(layout.master_bytes * params),
-        "optimizer_states": int(optimizer),
-        "weight_cache": int(layout.weight_cache_bytes * params),
+def nccl_bytes(parallel: ParallelConfig, cuda: CudaTerms, gpu: GpuType | None) -> int:
+    """One send and one receive buffer per channel for each communicator the rank is in (NCCL docs,
+    ``NCCL_BUFFSIZE`` and ``NCCL_MIN/MAX_NCHANNELS``; PCIe-only nodes use few channels)."""
+    groups = sum(1 for degree in (parallel.dp, parallel.tp, parallel.pp, parallel.cp, parallel.ep) if degree > 1)
+    channels = cuda.nccl_channels if gpu is None or gpu.intra_node == "nvlink" else 2
+    return groups * 2 * channels * cuda.nccl_buffer_bytes
+
+
+def cuda_totals(allocated: int, parallel: ParallelConfig, cuda: CudaTerms | None, gpu: GpuType | None) -> tuple[int, int]:
+    """(peak_reserved_bytes, device_used_bytes) from the allocated peak."""
+    if cuda is None:
+        return allocated, allocated
+    reserved = int(allocated * (1 + cuda.fragmentation))
+    used = reserved + cuda.context_bytes + cuda.cublas_workspace_bytes + nccl_bytes(parallel, cuda, gpu)
+    return reserved, used
+
+
+def predict_stage(job: JobSpec, stage: int, cuda: CudaTerms | None, gpu: GpuType | None) -> StagePrediction:
+    """One stage's peak and its named breakdown (see the module docstring for the phases)."""
+    model = stage_model(job, stage)
+    dp = job.parallel.dp
+    phase, _ = model.peak_phase(dp)
+    breakdown = {
+        **model.states(dp),
+        "activations": model.activations(dp) if phase.holds_activations else 0,
+        "logits_and_loss": phase.logits_and_loss,
+        "communication_buffers": phase.communication_buffers,
+        "temporaries": phase.temporaries,
     }
-    in_flight = shape.in_flight_layer_microbatches
-    activations = int(in_flight * shape.num_layers * act.layer_bytes(arch, training, parallel))
-    if shape.has_embedding:
-        activations += math.ceil(in_flight) * act.embedding_bytes(arch, training, parallel)
-    loss = act.loss_bytes(arch, training, parallel) if shape.has_output else 0
-    comm = _comm_buffers(training, parallel, layout, params, layer_params)
-    block_temp = (
-        act.layer_backward_transient_bytes(arch, training, parallel, layout.transient_grad_bytes * largest)
-        + act.recompute_bytes(arch, training, parallel)
-    )
-    phases = {
-        "loss_backward": {"logits_and_loss": loss + act.loss_backward_transient_bytes(arch, training, parallel)}
-        if shape.has_output
-        else None,
-        "block_backward": {"temporaries": block_temp},
-        "norm_backward": {
-            "logits_and_loss": act.final_norm_bytes(arch, training, parallel) if shape.has_output else 0,
-            "temporaries": act.norm_backward_transient_bytes(arch, training, parallel),
-        },
-        # The embedding's gradient is made last, when the blocks' activations are already freed.
-        "embedding_backward": {"temporaries": layout.transient_grad_bytes * embedding_params, "no_activations": 1},
-        "optimizer_step": {"temporaries": 0, "no_activations": 1},
-    }
-    best_phase, best, best_total = "", {}, -1
-    for phase, extra in phases.items():
-        if extra is None:
-            continue
-        parts = dict(states)
-        in_backward = "no_activations" not in extra
-        parts["activations"] = activations if in_backward else 0
-        parts["logits_and_loss"] = extra.get("logits_and_loss", 0)
-        parts["communication_buffers"] = comm if in_backward else int(layout.grad_buffer_bytes * params)
-        parts["temporaries"] = extra.get("temporaries", 0)
-        total = sum(parts.values())
-        if total > best_total:
-            best_phase, best, best_total = phase, parts, total
-    reserved, used = best_total, best_total
+    allocated = sum(breakdown.values())
+    reserved, used = cuda_totals(allocated, job.parallel, cuda, gpu)
     if cuda is not None:
-        reserved = int(best_total * (1 + cuda.fragmentation))
-        groups = sum(1 for degree in (parallel.dp, parallel.tp, parallel.pp, parallel.cp, parallel.ep) if degree > 1)
-        channels = cuda.nccl_channels if gpu is None or gpu.intra_node == "nvlink" else 2
-        nccl = groups * 2 * channels * cuda.nccl_buffer_bytes
-        used = reserved + cuda.context_bytes + cuda.cublas_workspace_bytes + nccl
-        best = {**best, "cuda_context": cuda.context_bytes, "cublas_workspace": cuda.cublas_workspace_bytes,
-                "nccl_buffers": nccl, "allocator_reserve": reserved - best_total}
+        breakdown |= {
+            "allocator_reserve": reserved - allocated,
+            "cuda_context": cuda.context_bytes,
+            "cublas_workspace": cuda.cublas_workspace_bytes,
+            "nccl_buffers": nccl_bytes(job.parallel, cuda, gpu),
+        }
     return StagePrediction(
-        stage=shape.stage,
-        num_layers=shape.num_layers,
-        num_params=params,
-        peak_phase=best_phase,
-        breakdown=best,
-        peak_allocated_bytes=best_total,
+        stage=stage,
+        num_layers=model.num_layers,
+        num_params=model.params.params,
+        peak_phase=phase.name,
+        breakdown=breakdown,
+        peak_allocated_bytes=allocated,
         peak_reserved_bytes=reserved,
         device_used_bytes=used,
     )
+
+
+def peak_stages(pp: int) -> list[int]:
+    """The stages that can hold the peak: the first (most in-flight micro-batches, most layers under
+    uneven splits, the embedding) and the last (output layer and loss). A middle stage holds no more
+    layers, fewer in-flight micro-batches and neither table."""
+    return [0] if pp == 1 else [0, pp - 1]
+
+
+def predict_peak(job: JobSpec, gpu: GpuType | None = None, *, cuda: CudaTerms | None = CudaTerms()) -> MemoryPrediction:
+    """Like :func:`predict_memory` but only for the stages of :func:`peak_stages`."""
+    return _prediction(job, gpu, cuda, peak_stages(job.parallel.pp))
 
 
 def predict_memory(job: JobSpec, gpu: GpuType | None = None, *, cuda: CudaTerms | None = CudaTerms()) -> MemoryPrediction:
@@ -221,12 +343,14 @@ def predict_memory(job: JobSpec, gpu: GpuType | None = None, *, cuda: CudaTerms 
 
     ``cuda=None`` switches the CUDA-only terms off (reserved = used = allocated), as on the CPU.
     """
-    p, t = job.parallel, job.training
-    shapes = stage_shapes(job.model.num_layers, p.pp, p.vpp, _num_microbatches(t, p))
-    stages = tuple(predict_stage(job, shape, cuda, gpu) for shape in shapes)
+    return _prediction(job, gpu, cuda, list(range(job.parallel.pp)))
+
+
+def _prediction(job: JobSpec, gpu: GpuType | None, cuda: CudaTerms | None, stages: list[int]) -> MemoryPrediction:
+    chunk_layer_counts(job.model.num_layers, job.parallel.pp, job.parallel.vpp)  # validates pp x vpp
     return MemoryPrediction(
-        stages=stages,
+        stages=tuple(predict_stage(job, stage, cuda, gpu) for stage in stages),
         capacity_bytes=gpu.memory_bytes if gpu is not None else None,
         gpu_type=gpu.name if gpu is not None else None,
-        parallel=p,
+        parallel=job.parallel,
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 
@@ -19,14 +20,15 @@ class StageShape:
     ``num_layers``: the number of micro-batches' worth of this rank's activations alive at the peak."""
 
 
-def chunk_layer_counts(num_layers: int, pp: int, vpp: int) -> list[int]:
+@functools.lru_cache(maxsize=4096)
+def chunk_layer_counts(num_layers: int, pp: int, vpp: int) -> tuple[int, ...]:
     """Layers per model chunk, chunk ``c`` living on rank ``c % pp`` (Narayanan et al. 2021, Sec. 2.2).
     An uneven remainder goes to the earliest chunks."""
     chunks = pp * vpp
     if num_layers < chunks:
         raise ValueError(f"parallel.pp x parallel.vpp ({chunks}) must be <= the model's num_layers ({num_layers})")
     base, extra = divmod(num_layers, chunks)
-    return [base + (1 if c < extra else 0) for c in range(chunks)]
+    return tuple(base + (1 if c < extra else 0) for c in range(chunks))
 
 
 def in_flight_chunks(stage: int, pp: int, vpp: int, num_microbatches: int) -> int:
@@ -43,25 +45,31 @@ def in_flight_chunks(stage: int, pp: int, vpp: int, num_microbatches: int) -> in
     return min(warmup + 1, vpp * num_microbatches)
 
 
+def stage_shape(num_layers: int, pp: int, vpp: int, stage: int, num_microbatches: int) -> StageShape:
+    """The :class:`StageShape` of pipeline rank ``stage``."""
+    counts = chunk_layer_counts(num_layers, pp, vpp)
+    mine = counts[stage::pp]
+    layers = sum(mine)
+    return StageShape(
+        stage=stage,
+        num_layers=layers,
+        first_layer=sum(counts[:stage]),
+        has_embedding=stage == 0,
+        has_output=stage == pp - 1,
+        in_flight_layer_microbatches=in_flight_layer_microbatches(mine, stage, pp, num_microbatches),
+    )
+
+
+def in_flight_layer_microbatches(chunk_layers: tuple[int, ...], stage: int, pp: int, num_microbatches: int) -> float:
+    """Micro-batches' worth of the rank's activations alive at its peak. Chunks run round-robin over the
+    rank's ``vpp`` chunks, so each alive chunk-micro-batch holds its chunk's layers."""
+    vpp = len(chunk_layers)
+    alive = in_flight_chunks(stage, pp, vpp, num_microbatches)
+    full, rest = divmod(alive, vpp)
+    alive_layers = full * sum(chunk_layers) + sum(chunk_layers[:rest])
+    return alive_layers / sum(chunk_layers)
+
+
 def stage_shapes(num_layers: int, pp: int, vpp: int, num_microbatches: int) -> list[StageShape]:
     """One :class:`StageShape` per pipeline rank, in order."""
-    counts = chunk_layer_counts(num_layers, pp, vpp)
-    shapes = []
-    for stage in range(pp):
-        mine = [counts[c] for c in range(stage, pp * vpp, pp)]
-        layers = sum(mine)
-        chunks_alive = in_flight_chunks(stage, pp, vpp, num_microbatches)
-        # Chunks run round-robin over the rank's vpp chunks, so each alive chunk holds its chunk's layers;
-        # with equal chunks this is chunks_alive * layers / vpp.
-        alive_layers = sum(mine[i % vpp] for i in range(chunks_alive))
-        shapes.append(
-            StageShape(
-                stage=stage,
-                num_layers=layers,
-                first_layer=sum(counts[:stage]) if vpp == 1 else stage * counts[0],
-                has_embedding=stage == 0,
-                has_output=stage == pp - 1,
-                in_flight_layer_microbatches=alive_layers / layers,
-            )
-        )
-    return shapes
+    return [stage_shape(num_layers, pp, vpp, stage, num_microbatches) for stage in range(pp)]

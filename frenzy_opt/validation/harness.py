@@ -27,7 +27,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._tools.mem_tracker import MemTracker
 
-from frenzy_opt.marp.stages import stage_shapes
+from frenzy_opt.marp.stages import stage_shape
 from frenzy_opt.models.reference import ReferenceDecoder, ShardSpec
 from frenzy_opt.spec import JobSpec
 
@@ -73,7 +73,7 @@ def _build(job: JobSpec, stage: int) -> tuple[ReferenceDecoder, int]:
     """The rank's module and how many micro-batches it keeps in flight."""
     p, t = job.parallel, job.training
     num_microbatches = t.global_batch_size // (t.micro_batch_size * p.dp)
-    shape = stage_shapes(job.model.num_layers, p.pp, p.vpp, max(num_microbatches, 1))[stage]
+    shape = stage_shape(job.model.num_layers, p.pp, p.vpp, stage, max(num_microbatches, 1))
     shard = ShardSpec(
         tp=p.tp,
         ep=p.ep,

@@ -1,0 +1,327 @@
+"""Plans: every memory-feasible way to run a job on one GPU type of a cluster.
+
+A plan fixes the GPU type, the GPU count and the full parallel config (dp, tp, pp, vpp, cp, ep,
+sequence parallelism, ZeRO stage, recompute, attention kernel) and the micro-batch size. Fields the job
+pins are kept; the others are searched. Validity is arithmetic (Megatron-LM's argument checks): tp divides
+the attention and kv heads and the ffn width and fits in one node; pp x vpp <= layers with layers divisible
+by pp (and by pp x vpp when interleaving, which also needs the micro-batch count divisible by pp); cp
+splits the sequence into 2 x cp chunks; ep divides the experts and dp; dp x micro-batch divides the global
+batch. Recompute is part of the search (less memory for more time, as in Lynx, Zhang et al. 2024).
+
+Two dominance rules shrink the space without losing a useful plan, and are skipped for pinned fields:
+sequence parallelism is on whenever tp > 1 (it divides activations by tp at the same communication volume,
+Korthikanti et al. 2022, Sec. 4.2.2), and Megatron's distributed optimizer is on whenever dp > 1 (it
+shards optimizer states at the all-reduce's volume, Megatron-LM docs "Distributed Optimizer").
+
+A GPU without bf16 (or fp8) tensor cores runs the job at the next format it has: bf16 -> fp16, fp8 ->
+bf16 -> fp16, as users do on V100/T4-class GPUs; the plan records the precision it runs.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+from frenzy_opt.cluster import ClusterSpec
+from frenzy_opt.gpus import GpuType
+from frenzy_opt.marp.layout import ZERO_STAGES_BY_RUNTIME, state_layout_for
+from frenzy_opt.marp.predictor import (
+    CudaTerms,
+    StageModel,
+    cuda_totals,
+    param_terms,
+    peak_stages,
+    stage_model_of,
+)
+from frenzy_opt.marp.stages import chunk_layer_counts
+from frenzy_opt.models.arch import ModelArch
+from frenzy_opt.spec import JobSpec, ParallelConfig, TrainingConfig
+
+MICRO_BATCH_CHOICES = (1, 2, 4, 8, 16)
+RECOMPUTE_ORDER = ("none", "selective", "full")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Plan:
+    """One memory-feasible way to run a job. Memory figures are per GPU, the maximum over stages."""
+
+    gpu_type: str
+    num_gpus: int
+    parallel: ParallelConfig
+    micro_batch_size: int
+    precision: str
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    device_used_bytes: int
+    capacity_bytes: int
+    step_time_s: float | None = None
+    est_runtime_s: float | None = None
+
+    @property
+    def headroom_bytes(self) -> int:
+        return self.capacity_bytes - self.device_used_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "gpu_type": self.gpu_type,
+            "num_gpus": self.num_gpus,
+            "parallel": {**self.parallel.to_dict(), "micro_batch_size": self.micro_batch_size},
+            "micro_batch_size": self.micro_batch_size,
+            "precision": self.precision,
+            "peak_allocated_bytes": self.peak_allocated_bytes,
+            "peak_reserved_bytes": self.peak_reserved_bytes,
+            "device_used_bytes": self.device_used_bytes,
+            "capacity_bytes": self.capacity_bytes,
+            "headroom_bytes": self.headroom_bytes,
+            "step_time_s": self.step_time_s,
+            "est_runtime_s": self.est_runtime_s,
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanSearch:
+    """All feasible plans of a job on a cluster, and what the search learned when none fit."""
+
+    plans: list[Plan]
+    min_device_bytes: int | None
+    """Smallest per-GPU footprint of any valid configuration tried (bytes), for the 'fits nowhere' error."""
+    num_evaluated: int
+
+    def min_gpus_per_type(self) -> dict[str, int]:
+        best: dict[str, int] = {}
+        for plan in self.plans:
+            best[plan.gpu_type] = min(best.get(plan.gpu_type, plan.num_gpus), plan.num_gpus)
+        return best
+
+
+def effective_precision(gpu: GpuType, precision: str) -> str:
+    """The format the job runs at on ``gpu`` (see module docstring)."""
+    if precision == "fp8" and not gpu.supports("fp8"):
+        precision = "bf16"
+    if precision == "bf16" and not gpu.supports("bf16"):
+        precision = "fp16"
+    return precision
+
+
+@functools.cache
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _choices(job: JobSpec, name: str, default: list[Any]) -> list[Any]:
+    return [getattr(job.parallel, name)] if name in job.pinned else default
+
+
+def _tp_choices(job: JobSpec, gpus_per_node: int) -> list[int]:
+    arch = job.model
+    ffn = arch.expert_ffn_size if arch.is_moe else arch.ffn_hidden_size
+    valid = [
+        tp
+        for tp in _divisors(gpus_per_node)
+        if arch.num_attention_heads % tp == 0 and arch.num_kv_heads % tp == 0 and ffn % tp == 0
+    ]
+    return _choices(job, "tp", valid)
+
+
+def _shape_choices(job: JobSpec) -> Iterator[tuple[int, int, int]]:
+    """(pp, vpp, cp) candidates."""
+    layers, seq = job.model.num_layers, job.training.seq_len
+    pps = _choices(job, "pp", _divisors(layers))
+    cps = _choices(job, "cp", [cp for cp in (1, 2, 4, 8) if cp == 1 or (seq % (2 * cp) == 0 and seq // cp >= 4096)])
+    for pp, cp in itertools.product(pps, cps):
+        vpps = [1] + ([2] if pp > 1 and (layers // pp) % 2 == 0 and layers % pp == 0 else [])
+        for vpp in _choices(job, "vpp", vpps):
+            yield pp, vpp, cp
+
+
+def _zero_choices(job: JobSpec, dp: int) -> list[int]:
+    runtime = job.training.runtime
+    default = {
+        "megatron": [1] if dp > 1 else [0],
+        "deepspeed": [1, 2, 3] if dp > 1 else [0],
+        "fsdp2": [3, 2],
+        "hf": [0],
+    }[runtime]
+    return _choices(job, "zero_stage", default)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Shape:
+    """A candidate without its data-parallel degree."""
+
+    tp: int
+    pp: int
+    vpp: int
+    cp: int
+    micro_batch_size: int
+    recompute: str
+    sequence_parallel: bool
+
+    @property
+    def model_gpus(self) -> int:
+        return self.tp * self.pp * self.cp
+
+
+def _shapes(job: JobSpec, gpus_per_node: int, max_gpus: int) -> Iterator[_Shape]:
+    t = job.training
+    gbs = t.global_batch_size
+    mbs = [t.micro_batch_size] if "micro_batch_size" in job.pinned else [m for m in MICRO_BATCH_CHOICES if gbs % m == 0]
+    for tp in _tp_choices(job, gpus_per_node):
+        sp = job.parallel.sequence_parallel if "sequence_parallel" in job.pinned else tp > 1
+        for pp, vpp, cp in _shape_choices(job):
+            if tp * pp * cp > max_gpus:
+                continue
+            for mb, recompute in itertools.product(mbs, _choices(job, "recompute", list(RECOMPUTE_ORDER))):
+                yield _Shape(tp=tp, pp=pp, vpp=vpp, cp=cp, micro_batch_size=mb, recompute=recompute, sequence_parallel=sp)
+
+
+def _dp_choices(job: JobSpec, shape: _Shape, max_gpus: int) -> list[int]:
+    """Valid dp degrees, largest first: dp x micro-batch divides the global batch, the GPUs exist, and
+    interleaving gets a micro-batch count divisible by pp."""
+    gbs = job.training.global_batch_size
+    valid = []
+    for dp in _choices(job, "dp", _divisors(gbs)):
+        if gbs % (dp * shape.micro_batch_size) or dp * shape.model_gpus > max_gpus:
+            continue
+        if shape.vpp > 1 and (gbs // (dp * shape.micro_batch_size)) % shape.pp:
+            continue
+        valid.append(dp)
+    return sorted(valid, reverse=True)
+
+
+def _configs_at(job: JobSpec, shape: _Shape, dp: int) -> Iterator[ParallelConfig]:
+    arch = job.model
+    eps = [ep for ep in _divisors(arch.num_experts) if dp % ep == 0] if arch.is_moe else [1]
+    for ep, zero in itertools.product(_choices(job, "ep", eps), _zero_choices(job, dp)):
+        if dp % ep:
+            continue
+        yield ParallelConfig(
+            dp=dp,
+            tp=shape.tp,
+            pp=shape.pp,
+            vpp=shape.vpp,
+            cp=shape.cp,
+            ep=ep,
+            sequence_parallel=shape.sequence_parallel,
+            zero_stage=zero,
+            recompute=shape.recompute,
+            attention=job.parallel.attention,
+        )
+
+
+class _PeakCache:
+    """Stage models per candidate without its dp (they do not depend on it), so the dp scan only
+    re-evaluates the dp-dependent terms."""
+
+    def __init__(self, arch: ModelArch, training: TrainingConfig) -> None:
+        self._arch = arch
+        self._training = {training.micro_batch_size: training}
+        self._base = training
+        self._models: dict[tuple[object, ...], list[StageModel]] = {}
+
+    def allocated(self, p: ParallelConfig, micro_batch_size: int) -> int:
+        """Peak allocated bytes over the stages that can hold the peak."""
+        key = (micro_batch_size, p.tp, p.pp, p.vpp, p.cp, p.ep, p.zero_stage, p.recompute, p.sequence_parallel, p.dp > 1)
+        models = self._models.get(key)
+        if models is None:
+            training = self._training.get(micro_batch_size)
+            if training is None:
+                training = self._training[micro_batch_size] = replace(self._base, micro_batch_size=micro_batch_size)
+            models = [stage_model_of(self._arch, training, p, stage) for stage in peak_stages(p.pp)]
+            self._models[key] = models
+        return max(model.allocated_bytes(p.dp) for model in models)
+
+
+def enumerate_plans(job: JobSpec, cluster: ClusterSpec, *, cuda: CudaTerms | None = CudaTerms()) -> PlanSearch:
+    """Every memory-feasible plan of ``job`` on each GPU type of ``cluster``, ranked (see :func:`rank_plans`).
+
+    GPU types that run the job at the same precision, with the same node size and GPU count, share one
+    search. Memory never grows with dp at dp >= 2 (ZeRO shards shrink, fewer micro-batches are in flight,
+    more ep choices), so the dp scan runs from the largest dp down and skips the remaining dp >= 2 after the
+    first dp where nothing fits; dp = 1 (no data-parallel communicator) is checked on its own.
+    """
+    groups: dict[tuple[str, int, int], list[GpuType]] = {}
+    for gpu in cluster.gpu_types():
+        # bf16 and fp16 take the same bytes everywhere, so their GPUs share one search.
+        precision = effective_precision(gpu, job.training.precision).replace("fp16", "bf16")
+        groups.setdefault((precision, cluster.gpus_per_node_of(gpu.name), cluster.num_gpus_of(gpu.name)), []).append(gpu)
+    plans: list[Plan] = []
+    min_device: int | None = None
+    evaluated = 0
+    for (precision, gpus_per_node, max_gpus), gpus in groups.items():
+        base = replace(job, training=replace(job.training, precision=precision))
+        cache = _PeakCache(job.model, base.training)
+        labels = {gpu.name: effective_precision(gpu, job.training.precision) for gpu in gpus}
+        capacity = max(gpu.memory_bytes for gpu in gpus)
+        by_link = _by_link(gpus)
+        for shape in _shapes(job, gpus_per_node, max_gpus):
+            if _states_lower_bound(base, shape, max_gpus) > capacity:
+                continue
+            exhausted = False
+            for dp in _dp_choices(job, shape, max_gpus):
+                if exhausted and dp >= 2:
+                    continue
+                fits_before = len(plans)
+                for parallel in _configs_at(job, shape, dp):
+                    allocated = cache.allocated(parallel, shape.micro_batch_size)
+                    evaluated += 1
+                    for link_gpus in by_link:
+                        reserved, used = cuda_totals(allocated, parallel, cuda, link_gpus[0])
+                        min_device = used if min_device is None else min(min_device, used)
+                        for gpu in link_gpus:  # largest memory first
+                            if used > gpu.memory_bytes:
+                                break
+                            plans.append(
+                                Plan(
+                                    gpu_type=gpu.name,
+                                    num_gpus=parallel.num_gpus,
+                                    parallel=parallel,
+                                    micro_batch_size=shape.micro_batch_size,
+                                    precision=labels[gpu.name],
+                                    peak_allocated_bytes=allocated,
+                                    peak_reserved_bytes=reserved,
+                                    device_used_bytes=used,
+                                    capacity_bytes=gpu.memory_bytes,
+                                )
+                            )
+                exhausted = len(plans) == fits_before
+    return PlanSearch(plans=rank_plans(plans), min_device_bytes=min_device, num_evaluated=evaluated)
+
+
+def _states_lower_bound(job: JobSpec, shape: _Shape, max_gpus: int) -> float:
+    """Model-state bytes of the first stage at the largest dp the cluster allows, sharded as much as any
+    ZeRO stage and ep choice allows: no plan of this shape needs less memory per GPU."""
+    arch, training = job.model, job.training
+    dp = max_gpus // shape.model_gpus
+    ep = max((e for e in _divisors(arch.num_experts) if dp % e == 0), default=1)
+    layers = chunk_layer_counts(arch.num_layers, shape.pp, shape.vpp)[:: shape.pp]
+    terms = param_terms(arch, shape.tp, ep, shape.pp, sum(layers), True, shape.pp == 1)
+    zero = max(ZERO_STAGES_BY_RUNTIME[training.runtime])
+    layout = state_layout_for(training.runtime, training.precision, training.optimizer, zero, dp > 1)
+    weights, grads, _, _ = layout.per_param(dp)
+    return terms.params * (weights + grads)
+
+
+def _by_link(gpus: list[GpuType]) -> list[list[GpuType]]:
+    """GPUs split by intra-node link kind (NCCL's buffers depend on it, nothing else on the GPU does),
+    largest memory first."""
+    kinds: dict[str, list[GpuType]] = {}
+    for gpu in sorted(gpus, key=lambda g: -g.memory_bytes):
+        kinds.setdefault(gpu.intra_node, []).append(gpu)
+    return list(kinds.values())
+
+
+def rank_plans(plans: list[Plan]) -> list[Plan]:
+    """Best first: by predicted step time when known, else fewest GPUs, then most memory headroom."""
+    return sorted(
+        plans,
+        key=lambda p: (
+            p.step_time_s if p.step_time_s is not None else 0.0,
+            p.num_gpus,
+            -p.headroom_bytes,
+            RECOMPUTE_ORDER.index(p.parallel.recompute),
+        ),
+    )
