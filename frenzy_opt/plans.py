@@ -315,13 +315,15 @@ def _by_link(gpus: list[GpuType]) -> list[list[GpuType]]:
 
 
 def rank_plans(plans: list[Plan]) -> list[Plan]:
-    """Best first: by predicted step time when known, else fewest GPUs, then most memory headroom."""
+    """Best first: by predicted step time when known; else fewest GPUs, then the least recompute (full
+    recompute re-runs the forward pass, about a third more compute, Korthikanti et al. 2022, Sec. 5), then
+    the most memory headroom."""
     return sorted(
         plans,
         key=lambda p: (
             p.step_time_s if p.step_time_s is not None else 0.0,
             p.num_gpus,
-            -p.headroom_bytes,
             RECOMPUTE_ORDER.index(p.parallel.recompute),
+            -p.headroom_bytes,
         ),
     )

@@ -107,6 +107,16 @@ class JobSpec:
         return replace(self, parallel=parallel, training=training)
 
 
+def default_zero_stage(runtime: str, dp: int) -> int:
+    """The ZeRO stage a runtime uses unless told otherwise: FSDP2 fully shards (3); Megatron's
+    distributed optimizer and DeepSpeed's stage 1 shard optimizer states when data parallel; HF DDP none."""
+    if runtime == "fsdp2":
+        return 3
+    if runtime == "hf":
+        return 0
+    return 1 if dp > 1 else 0
+
+
 def _check_positive_int(name: str, value: object) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
@@ -141,7 +151,8 @@ def parse_job(data: dict[str, Any]) -> JobSpec:
     model = parse_model(data["model"])
     training = TrainingConfig(**_section(data, "training", TrainingConfig))
     parallel_raw = _section(data, "parallel", ParallelConfig)
-    parallel = ParallelConfig(**parallel_raw)
+    defaults = {"zero_stage": default_zero_stage(training.runtime, int(parallel_raw.get("dp", 1)))}
+    parallel = ParallelConfig(**{**defaults, **parallel_raw})
     name = str(data.get("name") or f"{model.name}-job")
     return JobSpec(name=name, model=model, training=training, parallel=parallel, pinned=frozenset(parallel_raw))
 

@@ -111,14 +111,25 @@ def _moe_bytes(arch: ModelArch, x: Dims, parallel: ParallelConfig) -> int:
     capacity = math.ceil(arch.moe_top_k * x.tokens / experts)
     local = experts // parallel.ep
     ffn = arch.expert_ffn_size // parallel.tp
-    router = (x.a + FP32) * x.tokens * experts  # router logits and fp32 probabilities
+    # The MoE input (kept by the router and the token gather), router logits and fp32 probabilities.
+    router = x.a_linear * x.tokens * x.h // x.sp + (x.a + FP32) * x.tokens * experts
     per_expert = (
         INDEX_BYTES * capacity  # token indices chosen
         + x.a_linear * capacity * x.h  # routed tokens (expert input)
         + _mlp_bytes(arch, x, capacity, ffn)
         + x.a * capacity * (x.h + 1)  # expert output and its gate weight, kept by the weighting product
+        + x.a * capacity * x.h  # the weighted output, kept by the scatter-add (index_add) for its backward
     )
     return router + local * per_expert
+
+
+def mlp_part_bytes(arch: ModelArch, training: TrainingConfig, parallel: ParallelConfig) -> int:
+    """The MLP (or MoE) share of a block's activations without recompute: freed before the block's
+    second norm runs its backward."""
+    x = dims(arch, training, parallel)
+    if arch.is_moe:
+        return _moe_bytes(arch, x, parallel)
+    return x.a_linear * x.tokens * x.h // x.sp + _mlp_bytes(arch, x, x.tokens, x.ffn)
 
 
 def layer_bytes(arch: ModelArch, training: TrainingConfig, parallel: ParallelConfig) -> int:
@@ -135,11 +146,7 @@ def layer_bytes(arch: ModelArch, training: TrainingConfig, parallel: ParallelCon
         + out
         + _attention_core_bytes(x, parallel.attention, parallel.recompute)
     )
-    if arch.is_moe:
-        mlp = _moe_bytes(arch, x, parallel)
-    else:
-        mlp = x.a_linear * x.tokens * x.h // x.sp + _mlp_bytes(arch, x, x.tokens, x.ffn)
-    return attention + _norm_bytes(arch, x) + mlp
+    return attention + _norm_bytes(arch, x) + mlp_part_bytes(arch, training, parallel)
 
 
 def recompute_bytes(arch: ModelArch, training: TrainingConfig, parallel: ParallelConfig) -> int:
@@ -187,7 +194,7 @@ def _block_backward_parts(arch: ModelArch, training: TrainingConfig, parallel: P
     if arch.is_moe:
         ffn = arch.expert_ffn_size // parallel.tp
         tokens = math.ceil(arch.moe_top_k * x.tokens / arch.num_experts)
-    return x.a * x.tokens * x.h, x.a * tokens * ffn, 2 if arch.mlp == "swiglu" else 1
+    return x.a * x.tokens * x.h // x.sp, x.a * tokens * ffn, 2 if arch.mlp == "swiglu" else 1
 
 
 def norm_backward_transient_bytes(arch: ModelArch, training: TrainingConfig, parallel: ParallelConfig) -> int:
@@ -209,6 +216,7 @@ class ActivationTerms:
     :func:`activation_terms`)."""
 
     layer: int
+    mlp_part: int
     recompute: int
     embedding: int
     loss: int
@@ -259,6 +267,7 @@ def _activation_terms(key: tuple[Any, ...]) -> ActivationTerms:
     incoming, ffn_grad, wide = _block_backward_parts(arch, training, parallel)
     return ActivationTerms(
         layer=layer_bytes(arch, training, parallel),
+        mlp_part=mlp_part_bytes(arch, training, parallel),
         recompute=recompute_bytes(arch, training, parallel),
         embedding=embedding_bytes(arch, training, parallel),
         loss=loss_bytes(arch, training, parallel),

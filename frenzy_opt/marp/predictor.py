@@ -228,8 +228,12 @@ def stage_model_of(arch: ModelArch, training: TrainingConfig, parallel: Parallel
     phases = [
         Phase(name="block_backward", holds_activations=True, logits_and_loss=0, communication_buffers=comm,
               temporaries=block_temp),
-        Phase(name="norm_backward", holds_activations=True, logits_and_loss=acts.final_norm if last else 0,
-              communication_buffers=comm, temporaries=acts.norm_backward),
+        # A block's second norm runs its backward once the block's MLP activations are freed; the
+        # recomputed block (full recompute) is alive then, and on a stage before the last so is the gradient
+        # received from the next stage (Megatron keeps it for the micro-batch's whole backward).
+        Phase(name="norm_backward", holds_activations=True, logits_and_loss=0, communication_buffers=comm,
+              temporaries=acts.recompute - acts.mlp_part + acts.norm_backward
+              + (0 if last else acts.block_incoming_grad)),
         # The embedding's gradient is made last, when the blocks' activations are already freed.
         Phase(name="embedding_backward", holds_activations=False, logits_and_loss=0, communication_buffers=comm,
               temporaries=layout.transient_grad_bytes * params.embedding_params),
@@ -237,10 +241,13 @@ def stage_model_of(arch: ModelArch, training: TrainingConfig, parallel: Parallel
               communication_buffers=int(layout.grad_buffer_bytes * params.params), temporaries=0),
     ]  # fmt: skip
     if last:
-        phases.append(
+        phases += [
             Phase(name="loss_backward", holds_activations=True, logits_and_loss=acts.loss + acts.loss_backward,
-                  communication_buffers=comm, temporaries=0)
-        )  # fmt: skip
+                  communication_buffers=comm, temporaries=0),
+            # The final norm runs its backward before any block: every activation is alive.
+            Phase(name="final_norm_backward", holds_activations=True, logits_and_loss=acts.final_norm,
+                  communication_buffers=comm, temporaries=acts.norm_backward),
+        ]  # fmt: skip
     return StageModel(
         stage=stage,
         pp=parallel.pp,

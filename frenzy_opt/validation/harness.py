@@ -113,6 +113,9 @@ def _megatron_optimizer(model: nn.Module, job: JobSpec) -> tuple[torch.optim.Opt
         param.register_post_accumulate_grad_hook(fold)
     if job.training.precision == "fp32":
         optimizer = torch.optim.AdamW(params, fused=True)
+        for param in params:
+            # fp32 weights are their own master copy: Adam reads the fp32 main grads directly.
+            param.grad = param.main_grad  # type: ignore[attr-defined]
         return optimizer, [main_grad]
     shard = math.ceil(total / (job.parallel.dp if job.parallel.zero_stage >= 1 else 1))
     master = nn.Parameter(torch.zeros(shard, dtype=torch.float32))
@@ -153,12 +156,14 @@ def _run_step(
         for param in model.parameters():
             param.grad = param.main_grad  # type: ignore[attr-defined]
     optimizer.step()
+    model.zero_grad(set_to_none=True)
 
 
-def measure(job: JobSpec, *, stage: int = 0, fake: bool = True, steps: int = 2) -> Measurement:
+def measure(job: JobSpec, *, stage: int = 0, fake: bool = True, steps: int = 1) -> Measurement:
     """Peak bytes of rank ``stage`` (tp/dp/cp rank 0) over ``steps`` training steps of ``job``.
 
-    Two steps reach the steady state: the optimizer states exist from the first step's end on.
+    The optimizer takes one step on zero gradients before tracking starts, so its states exist (as from
+    the second step of a real run on) and every measured step is a steady-state step.
     """
     check_supported(job)
     if not 0 <= stage < job.parallel.pp:
@@ -167,6 +172,8 @@ def measure(job: JobSpec, *, stage: int = 0, fake: bool = True, steps: int = 2) 
     with mode:
         model, in_flight = _build(job, stage)
         optimizer, buffers = _megatron_optimizer(model, job)
+        optimizer.step()  # creates the optimizer states: steady state from the first measured step on
+        model.zero_grad(set_to_none=True)
         tracker = MemTracker()
         # Buffers made outside the tracker (main grads, master shard) are registered with it explicitly.
         tracker.track_external(model, optimizer, *buffers)

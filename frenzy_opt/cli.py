@@ -1,0 +1,266 @@
+"""The ``frenzy`` command line (contract 3): ``catalog``, ``predict``, ``plan`` and ``run``.
+
+Human-readable tables by default, ``--json`` for one JSON object on stdout. Exit codes: 0 ok; 2 bad input
+or a job that fits no GPU (message on stderr); 1 internal error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from frenzy_opt.cluster import ClusterSpec
+from frenzy_opt.gpus import load_gpus, lookup_gpu
+from frenzy_opt.marp.predictor import MemoryPrediction, predict_memory
+from frenzy_opt.models.catalog import load_catalog
+from frenzy_opt.plans import PlanSearch, enumerate_plans
+from frenzy_opt.scenario import DEFAULT_SCENARIO, load_cluster_ref, load_scenario
+from frenzy_opt.spec import JobSpec, load_job
+
+GIB = 2**30
+
+
+class NoFeasiblePlan(ValueError):
+    """A job fits no GPU type of the cluster, even at the largest parallelism tried."""
+
+
+def _gib(value: float | None) -> str:
+    return "-" if value is None else f"{value / GIB:,.2f}"
+
+
+def _emit(args: argparse.Namespace, payload: dict[str, Any], render: Callable[[Console], None]) -> None:
+    if args.json:
+        sys.stdout.write(json.dumps(payload, indent=2) + "\n")
+    else:
+        render(Console(width=160))
+
+
+# --- catalog -------------------------------------------------------------------------------------------
+
+
+def cmd_catalog(args: argparse.Namespace) -> int:
+    if args.what == "gpus":
+        gpus = [g.to_dict() for g in load_gpus().values()]
+
+        def render(console: Console) -> None:
+            table = Table(title="GPU catalogue (dense TFLOPs, GB/s)")
+            for col in ("name", "memory GiB", "bf16", "fp16", "fp32", "fp8", "HBM GB/s", "intra-node GB/s"):
+                table.add_column(col, justify="left" if col == "name" else "right")
+            for g in load_gpus().values():
+                table.add_row(g.name, _gib(g.memory_bytes), str(g.bf16_tflops or "-"), str(g.fp16_tflops),
+                              str(g.fp32_tflops), str(g.fp8_tflops or "-"), f"{g.hbm_gbps:g}", f"{g.intra_node_gbps:g}")  # fmt: skip
+            console.print(table)
+
+        _emit(args, {"gpus": gpus}, render)
+        return 0
+    models = [{"name": a.name, "num_params": a.num_params, **a.to_dict()} for a in load_catalog().values()]
+
+    def render_models(console: Console) -> None:
+        table = Table(title="Model catalogue")
+        for col in ("name", "params (B)", "layers", "hidden", "ffn", "heads", "kv", "vocab", "mlp", "experts"):
+            table.add_column(col, justify="left" if col in ("name", "mlp") else "right")
+        for a in load_catalog().values():
+            table.add_row(a.name, f"{a.num_params / 1e9:.3f}", str(a.num_layers), str(a.hidden_size),
+                          str(a.ffn_hidden_size), str(a.num_attention_heads), str(a.num_kv_heads), str(a.vocab_size),
+                          a.mlp, f"{a.num_experts} (top {a.moe_top_k})" if a.is_moe else "-")  # fmt: skip
+        console.print(table)
+
+    _emit(args, {"models": models}, render_models)
+    return 0
+
+
+# --- predict -------------------------------------------------------------------------------------------
+
+
+def prediction_payload(prediction: MemoryPrediction) -> dict[str, Any]:
+    return {
+        "gpu_type": prediction.gpu_type,
+        "parallel": prediction.parallel.to_dict(),
+        "fits": prediction.fits,
+        "capacity_bytes": prediction.capacity_bytes,
+        "peak_allocated_bytes": prediction.peak_allocated_bytes,
+        "peak_reserved_bytes": prediction.peak_reserved_bytes,
+        "device_used_bytes": prediction.device_used_bytes,
+        "stages": [s.to_dict() for s in prediction.stages],
+    }
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    job = load_job(args.job)
+    gpu = lookup_gpu(args.gpu)
+    if args.micro_batch_size:
+        job = job.with_parallel(job.parallel, micro_batch_size=args.micro_batch_size)
+    prediction = predict_memory(job, gpu)
+    payload = {"job": job.name, "model": job.model.name, "micro_batch_size": job.training.micro_batch_size,
+               **prediction_payload(prediction)}  # fmt: skip
+
+    def render(console: Console) -> None:
+        verdict = "[green]fits[/]" if prediction.fits else "[red]does not fit[/]"
+        console.print(f"{job.name} on {gpu.name} ({_gib(gpu.memory_bytes)} GiB): {verdict}; "
+                      f"parallel {_parallel_text(prediction.parallel.to_dict())}, micro-batch {job.training.micro_batch_size}")  # fmt: skip
+        table = Table(title="Per-stage peak memory (GiB)")
+        table.add_column("component")
+        for s in prediction.stages:
+            table.add_column(f"stage {s.stage}", justify="right")
+        keys = list(prediction.stages[0].breakdown)
+        for key in keys:
+            table.add_row(key, *(_gib(s.breakdown.get(key, 0)) for s in prediction.stages))
+        table.add_row("[bold]peak allocated", *(_gib(s.peak_allocated_bytes) for s in prediction.stages))
+        table.add_row("[bold]peak reserved", *(_gib(s.peak_reserved_bytes) for s in prediction.stages))
+        table.add_row("[bold]device used (nvidia-smi)", *(_gib(s.device_used_bytes) for s in prediction.stages))
+        table.add_row("peak phase", *(s.peak_phase for s in prediction.stages))
+        console.print(table)
+
+    _emit(args, payload, render)
+    return 0
+
+
+def _parallel_text(parallel: dict[str, Any]) -> str:
+    parts = [f"dp{parallel['dp']} tp{parallel['tp']} pp{parallel['pp']}"]
+    for key in ("vpp", "cp", "ep"):
+        if parallel.get(key, 1) > 1:
+            parts.append(f"{key}{parallel[key]}")
+    parts.append(f"zero{parallel['zero_stage']}")
+    if parallel.get("sequence_parallel"):
+        parts.append("sp")
+    if parallel["recompute"] != "none":
+        parts.append(f"recompute={parallel['recompute']}")
+    return " ".join(parts)
+
+
+# --- plan ----------------------------------------------------------------------------------------------
+
+
+def search_or_fail(job: JobSpec, cluster: ClusterSpec) -> PlanSearch:
+    """All plans; :class:`NoFeasiblePlan` naming the memory needed and the largest GPU when none fit."""
+    search = enumerate_plans(job, cluster)
+    if search.plans:
+        return search
+    largest = max(cluster.gpu_types(), key=lambda g: g.memory_bytes)
+    if search.min_device_bytes is None:
+        raise NoFeasiblePlan(
+            f"job {job.name}: no valid parallel configuration on cluster {cluster.name} "
+            f"(the pinned parallel fields or the cluster size leave none)"
+        )
+    raise NoFeasiblePlan(
+        f"job {job.name} fits no GPU type of cluster {cluster.name}: it needs at least "
+        f"{search.min_device_bytes / GIB:.1f} GiB per GPU at the largest parallelism the cluster allows; "
+        f"the largest GPU available is {largest.name} with {largest.memory_bytes / GIB:.1f} GiB"
+    )
+
+
+def plans_payload(search: PlanSearch, top: int) -> dict[str, Any]:
+    return {
+        "plans": [p.to_dict() for p in search.plans[:top]],
+        "num_plans": len(search.plans),
+        "min_gpus_per_type": search.min_gpus_per_type(),
+    }
+
+
+def _plans_table(title: str, search: PlanSearch, top: int) -> Table:
+    table = Table(title=title)
+    for col in ("#", "gpu", "gpus", "parallel", "mb", "prec", "alloc GiB", "used GiB", "cap GiB", "headroom"):
+        table.add_column(col, justify="left" if col in ("gpu", "parallel", "prec") else "right")
+    for i, p in enumerate(search.plans[:top], 1):
+        table.add_row(str(i), p.gpu_type, str(p.num_gpus), _parallel_text(p.parallel.to_dict()), str(p.micro_batch_size),
+                      p.precision, _gib(p.peak_allocated_bytes), _gib(p.device_used_bytes), _gib(p.capacity_bytes),
+                      f"{100 * p.headroom_bytes / p.capacity_bytes:.0f}%")  # fmt: skip
+    return table
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    job = load_job(args.job)
+    cluster = load_cluster_ref(args.cluster)
+    search = search_or_fail(job, cluster)
+    payload = {"job": job.name, "cluster": cluster.name, **plans_payload(search, args.top)}
+
+    def render(console: Console) -> None:
+        console.print(_plans_table(f"{job.name} on {cluster.name}: {len(search.plans)} feasible plans", search, args.top))
+        mins = ", ".join(f"{k}: {v}" for k, v in search.min_gpus_per_type().items())
+        console.print(f"minimum GPUs per type: {mins}")
+
+    _emit(args, payload, render)
+    return 0
+
+
+# --- run (the main job on a scenario) ------------------------------------------------------------------
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    scenario = load_scenario(args.scenario)
+    results = []
+    for job in scenario.jobs:
+        try:
+            search = search_or_fail(job.spec, scenario.cluster)
+            results.append({"id": job.id, "arrival_s": job.arrival_s, **plans_payload(search, args.top)})
+        except NoFeasiblePlan as err:
+            results.append({"id": job.id, "arrival_s": job.arrival_s, "plans": [], "error": str(err)})
+    payload = {"scenario": scenario.name, "cluster": scenario.cluster.name, "jobs": results}
+
+    def render(console: Console) -> None:
+        console.print(f"scenario {scenario.name} on cluster {scenario.cluster.name} ({scenario.cluster.num_gpus} GPUs)")
+        table = Table(title="Best plan per job (memory-feasible, fewest GPUs first until the step-time model lands)")
+        for col in ("job", "arrival s", "plans", "best plan", "min GPUs per type"):
+            table.add_column(col)
+        for r in results:
+            best = r["plans"][0] if r["plans"] else None
+            best_text = (f"{best['num_gpus']}x {best['gpu_type']} {_parallel_text(best['parallel'])} mb{best['micro_batch_size']}"
+                         if best else f"[red]{r['error']}")  # fmt: skip
+            mins = ", ".join(f"{k} {v}" for k, v in r.get("min_gpus_per_type", {}).items())
+            table.add_row(r["id"], f"{r['arrival_s']:g}", str(r.get("num_plans", 0)), best_text, mins)
+        console.print(table)
+
+    _emit(args, payload, render)
+    return 0
+
+
+# --- entry point ---------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="frenzy", description="Memory-aware scheduling of LLM training jobs.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def add(name: str, help_text: str, func: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+        p.set_defaults(func=func)
+        return p
+
+    p = add("catalog", "list the GPU or model catalogue", cmd_catalog)
+    p.add_argument("what", choices=("gpus", "models"))
+    p = add("predict", "per-stage peak memory of a job on one GPU type", cmd_predict)
+    p.add_argument("job", help="job spec file (YAML or JSON, contract 1)")
+    p.add_argument("--gpu", required=True, help="GPU type name or alias (see `frenzy catalog gpus`)")
+    p.add_argument("--micro-batch-size", type=int, default=0, help="override training.micro_batch_size")
+    p = add("plan", "every memory-feasible plan of a job on a cluster, best first", cmd_plan)
+    p.add_argument("job", help="job spec file (YAML or JSON, contract 1)")
+    p.add_argument("--cluster", required=True, help="cluster file or shipped cluster name (contract 2)")
+    p.add_argument("--top", type=int, default=10, help="how many plans to show (default 10)")
+    p = add("run", "plan every job of a scenario (default: the embedded default scenario)", cmd_run)
+    p.add_argument("scenario", nargs="?", default=DEFAULT_SCENARIO, help="scenario file or shipped name")
+    p.add_argument("--top", type=int, default=3, help="plans kept per job in --json output (default 3)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if getattr(args, "top", 1) < 1:
+        print("frenzy: --top must be a positive integer", file=sys.stderr)
+        return 2
+    try:
+        code: int = args.func(args)
+        return code
+    except ValueError as err:  # bad input, infeasible job: the message names the field or the memory needed
+        print(f"frenzy: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
