@@ -53,8 +53,10 @@ def cmd_catalog(args: argparse.Namespace) -> int:
             for col in ("name", "memory GiB", "bf16", "fp16", "fp32", "fp8", "HBM GB/s", "intra-node GB/s"):
                 table.add_column(col, justify="left" if col == "name" else "right")
             for g in load_gpus().values():
-                table.add_row(g.name, _gib(g.memory_bytes), str(g.bf16_tflops or "-"), str(g.fp16_tflops),
-                              str(g.fp32_tflops), str(g.fp8_tflops or "-"), f"{g.hbm_gbps:g}", f"{g.intra_node_gbps:g}")  # fmt: skip
+                cells = (g.bf16_tflops or "-", g.fp16_tflops, g.fp32_tflops, g.fp8_tflops or "-")
+                table.add_row(
+                    g.name, _gib(g.memory_bytes), *map(str, cells), f"{g.hbm_gbps:g}", f"{g.intra_node_gbps:g}"
+                )
             console.print(table)
 
         _emit(args, {"gpus": gpus}, render)
@@ -63,7 +65,18 @@ def cmd_catalog(args: argparse.Namespace) -> int:
 
     def render_models(console: Console) -> None:
         table = Table(title="Model catalogue")
-        for col in ("name", "params (B)", "layers", "hidden", "ffn", "heads", "kv", "vocab", "mlp", "experts"):
+        for col in (
+            "name",
+            "params (B)",
+            "layers",
+            "hidden",
+            "ffn",
+            "heads",
+            "kv",
+            "vocab",
+            "mlp",
+            "experts",
+        ):
             table.add_column(col, justify="left" if col in ("name", "mlp") else "right")
         for a in load_catalog().values():
             table.add_row(a.name, f"{a.num_params / 1e9:.3f}", str(a.num_layers), str(a.hidden_size),
@@ -102,8 +115,11 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
     def render(console: Console) -> None:
         verdict = "[green]fits[/]" if prediction.fits else "[red]does not fit[/]"
-        console.print(f"{job.name} on {gpu.name} ({_gib(gpu.memory_bytes)} GiB): {verdict}; "
-                      f"parallel {_parallel_text(prediction.parallel.to_dict())}, micro-batch {job.training.micro_batch_size}")  # fmt: skip
+        parallel = _parallel_text(prediction.parallel.to_dict())
+        console.print(
+            f"{job.name} on {gpu.name} ({_gib(gpu.memory_bytes)} GiB): {verdict}; "
+            f"parallel {parallel}, micro-batch {job.training.micro_batch_size}"
+        )
         table = Table(title="Per-stage peak memory (GiB)")
         table.add_column("component")
         for s in prediction.stages:
@@ -148,9 +164,10 @@ def search_or_fail(job: JobSpec, cluster: ClusterSpec) -> PlanSearch:
             f"job {job.name}: no valid parallel configuration on cluster {cluster.name} "
             f"(the pinned parallel fields or the cluster size leave none)"
         )
+    pinned = f" with the pinned parallel fields ({', '.join(sorted(job.pinned))})" if job.pinned else ""
     raise NoFeasiblePlan(
         f"job {job.name} fits no GPU type of cluster {cluster.name}: it needs at least "
-        f"{search.min_device_bytes / GIB:.1f} GiB per GPU at the largest parallelism the cluster allows; "
+        f"{search.min_device_bytes / GIB:.1f} GiB per GPU at the largest parallelism the cluster allows{pinned}; "
         f"the largest GPU available is {largest.name} with {largest.memory_bytes / GIB:.1f} GiB"
     )
 
@@ -168,8 +185,9 @@ def _plans_table(title: str, search: PlanSearch, top: int) -> Table:
     for col in ("#", "gpu", "gpus", "parallel", "mb", "prec", "alloc GiB", "used GiB", "cap GiB", "headroom"):
         table.add_column(col, justify="left" if col in ("gpu", "parallel", "prec") else "right")
     for i, p in enumerate(search.plans[:top], 1):
-        table.add_row(str(i), p.gpu_type, str(p.num_gpus), _parallel_text(p.parallel.to_dict()), str(p.micro_batch_size),
-                      p.precision, _gib(p.peak_allocated_bytes), _gib(p.device_used_bytes), _gib(p.capacity_bytes),
+        table.add_row(str(i), p.gpu_type, str(p.num_gpus), _parallel_text(p.parallel.to_dict()),
+                      str(p.micro_batch_size), p.precision, _gib(p.peak_allocated_bytes), _gib(p.device_used_bytes),
+                      _gib(p.capacity_bytes),
                       f"{100 * p.headroom_bytes / p.capacity_bytes:.0f}%")  # fmt: skip
     return table
 
@@ -181,7 +199,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     payload = {"job": job.name, "cluster": cluster.name, **plans_payload(search, args.top)}
 
     def render(console: Console) -> None:
-        console.print(_plans_table(f"{job.name} on {cluster.name}: {len(search.plans)} feasible plans", search, args.top))
+        console.print(
+            _plans_table(f"{job.name} on {cluster.name}: {len(search.plans)} feasible plans", search, args.top)
+        )
         mins = ", ".join(f"{k}: {v}" for k, v in search.min_gpus_per_type().items())
         console.print(f"minimum GPUs per type: {mins}")
 
@@ -210,8 +230,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             table.add_column(col)
         for r in results:
             best = r["plans"][0] if r["plans"] else None
-            best_text = (f"{best['num_gpus']}x {best['gpu_type']} {_parallel_text(best['parallel'])} mb{best['micro_batch_size']}"
-                         if best else f"[red]{r['error']}")  # fmt: skip
+            if best:
+                parallel = _parallel_text(best["parallel"])
+                best_text = f"{best['num_gpus']}x {best['gpu_type']} {parallel} mb{best['micro_batch_size']}"
+            else:
+                best_text = f"[red]{r['error']}"
             mins = ", ".join(f"{k} {v}" for k, v in r.get("min_gpus_per_type", {}).items())
             table.add_row(r["id"], f"{r['arrival_s']:g}", str(r.get("num_plans", 0)), best_text, mins)
         console.print(table)

@@ -29,6 +29,7 @@ from frenzy_opt.cluster import ClusterSpec
 from frenzy_opt.gpus import GpuType
 from frenzy_opt.marp.layout import ZERO_STAGES_BY_RUNTIME, state_layout_for
 from frenzy_opt.marp.predictor import (
+    DEFAULT_CUDA,
     CudaTerms,
     StageModel,
     cuda_totals,
@@ -175,7 +176,15 @@ def _shapes(job: JobSpec, gpus_per_node: int, max_gpus: int) -> Iterator[_Shape]
             if tp * pp * cp > max_gpus:
                 continue
             for mb, recompute in itertools.product(mbs, _choices(job, "recompute", list(RECOMPUTE_ORDER))):
-                yield _Shape(tp=tp, pp=pp, vpp=vpp, cp=cp, micro_batch_size=mb, recompute=recompute, sequence_parallel=sp)
+                yield _Shape(
+                    tp=tp,
+                    pp=pp,
+                    vpp=vpp,
+                    cp=cp,
+                    micro_batch_size=mb,
+                    recompute=recompute,
+                    sequence_parallel=sp,
+                )
 
 
 def _dp_choices(job: JobSpec, shape: _Shape, max_gpus: int) -> list[int]:
@@ -224,7 +233,18 @@ class _PeakCache:
 
     def allocated(self, p: ParallelConfig, micro_batch_size: int) -> int:
         """Peak allocated bytes over the stages that can hold the peak."""
-        key = (micro_batch_size, p.tp, p.pp, p.vpp, p.cp, p.ep, p.zero_stage, p.recompute, p.sequence_parallel, p.dp > 1)
+        key = (
+            micro_batch_size,
+            p.tp,
+            p.pp,
+            p.vpp,
+            p.cp,
+            p.ep,
+            p.zero_stage,
+            p.recompute,
+            p.sequence_parallel,
+            p.dp > 1,
+        )
         models = self._models.get(key)
         if models is None:
             training = self._training.get(micro_batch_size)
@@ -235,7 +255,7 @@ class _PeakCache:
         return max(model.allocated_bytes(p.dp) for model in models)
 
 
-def enumerate_plans(job: JobSpec, cluster: ClusterSpec, *, cuda: CudaTerms | None = CudaTerms()) -> PlanSearch:
+def enumerate_plans(job: JobSpec, cluster: ClusterSpec, *, cuda: CudaTerms | None = DEFAULT_CUDA) -> PlanSearch:
     """Every memory-feasible plan of ``job`` on each GPU type of ``cluster``, ranked (see :func:`rank_plans`).
 
     GPU types that run the job at the same precision, with the same node size and GPU count, share one
@@ -247,7 +267,9 @@ def enumerate_plans(job: JobSpec, cluster: ClusterSpec, *, cuda: CudaTerms | Non
     for gpu in cluster.gpu_types():
         # bf16 and fp16 take the same bytes everywhere, so their GPUs share one search.
         precision = effective_precision(gpu, job.training.precision).replace("fp16", "bf16")
-        groups.setdefault((precision, cluster.gpus_per_node_of(gpu.name), cluster.num_gpus_of(gpu.name)), []).append(gpu)
+        groups.setdefault((precision, cluster.gpus_per_node_of(gpu.name), cluster.num_gpus_of(gpu.name)), []).append(
+            gpu
+        )
     plans: list[Plan] = []
     min_device: int | None = None
     evaluated = 0

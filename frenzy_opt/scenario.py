@@ -74,7 +74,9 @@ def parse_scenario(data: dict[str, Any]) -> Scenario:
         for field, value in (("arrival_s", arrival), ("weight", weight)):
             if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
                 raise ValueError(f"jobs[{i}].{field} must be a non-negative number, got {value!r}")
-        jobs.append(ScenarioJob(id=str(raw.get("id", f"job-{i}")), arrival_s=float(arrival), weight=float(weight), spec=spec))
+        jobs.append(
+            ScenarioJob(id=str(raw.get("id", f"job-{i}")), arrival_s=float(arrival), weight=float(weight), spec=spec)
+        )
     return Scenario(name=str(data.get("name") or "scenario"), cluster=cluster, jobs=tuple(jobs))
 
 

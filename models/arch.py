@@ -163,13 +163,11 @@ def validate_arch(arch: ModelArch) -> None:
         raise ValueError(f"model.norm must be one of {', '.join(NORM_KINDS)}, got {arch.norm!r}")
     if arch.position_embedding not in POSITION_KINDS:
         raise ValueError(
-            f"model.position_embedding must be one of {', '.join(POSITION_KINDS)}, "
-            f"got {arch.position_embedding!r}"
+            f"model.position_embedding must be one of {', '.join(POSITION_KINDS)}, got {arch.position_embedding!r}"
         )
     if arch.num_attention_heads % arch.num_kv_heads:
         raise ValueError(
-            f"model.num_kv_heads ({arch.num_kv_heads}) must divide num_attention_heads "
-            f"({arch.num_attention_heads})"
+            f"model.num_kv_heads ({arch.num_kv_heads}) must divide num_attention_heads ({arch.num_attention_heads})"
         )
     if arch.head_dim is None and arch.hidden_size % arch.num_attention_heads:
         raise ValueError(
@@ -179,7 +177,9 @@ def validate_arch(arch: ModelArch) -> None:
     if arch.moe_top_k > arch.num_experts:
         raise ValueError(f"model.moe_top_k ({arch.moe_top_k}) must be <= num_experts ({arch.num_experts})")
     if arch.moe_ffn_hidden_size is not None and arch.moe_ffn_hidden_size < 1:
-        raise ValueError(f"model.moe_ffn_hidden_size must be a positive integer or null, got {arch.moe_ffn_hidden_size}")
+        raise ValueError(
+            f"model.moe_ffn_hidden_size must be a positive integer or null, got {arch.moe_ffn_hidden_size}"
+        )
 
 
 def layer_weight_shapes(arch: ModelArch, *, tp: int, ep: int) -> list[tuple[int, ...]]:

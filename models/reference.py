@@ -45,14 +45,18 @@ class _RMSNormFunction(torch.autograd.Function):
     for backward, as fused kernels do (Apex ``FusedRMSNorm``, Transformer Engine ``RMSNorm``)."""
 
     @staticmethod
-    def forward(ctx: torch.autograd.function.FunctionCtx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:  # type: ignore[override]
+    def forward(
+        ctx: torch.autograd.function.FunctionCtx, x: torch.Tensor, weight: torch.Tensor, eps: float
+    ) -> torch.Tensor:  # type: ignore[override]
         wide = torch.promote_types(x.dtype, torch.float32)
         rstd = torch.rsqrt(x.to(wide).pow(2).mean(-1, keepdim=True) + eps)
         ctx.save_for_backward(x, weight, rstd)
         return (x.to(wide) * rstd).to(x.dtype) * weight
 
     @staticmethod
-    def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:  # type: ignore[override]
+    def backward(
+        ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, None]:  # type: ignore[override]
         x, weight, rstd = ctx.saved_tensors  # type: ignore[attr-defined]
         wide = rstd.dtype
         # Three wide (fp32) temporaries at most: the normalised input, the scaled gradient, one product.
@@ -191,7 +195,9 @@ class Block(nn.Module):
         self.norm1 = _norm(arch)
         self.attn = Attention(arch, shard.tp, attention)
         self.norm2 = _norm(arch)
-        self.mlp: nn.Module = MoE(arch, shard.tp, shard.ep) if arch.is_moe else MLP(arch, arch.ffn_hidden_size, shard.tp)
+        self.mlp: nn.Module = (
+            MoE(arch, shard.tp, shard.ep) if arch.is_moe else MLP(arch, arch.ffn_hidden_size, shard.tp)
+        )
 
     def forward(self, x: torch.Tensor, rope: tuple[torch.Tensor, torch.Tensor] | None) -> torch.Tensor:
         x = x + self.attn(self.norm1(x), rope)

@@ -262,7 +262,14 @@ def _activation_terms(key: tuple[Any, ...]) -> ActivationTerms:
     arch, seq_len, mb, precision, tp, cp, ep, sp, recompute, attention = key
     training = replace(_CACHE_TRAINING, seq_len=seq_len, micro_batch_size=mb, global_batch_size=mb, precision=precision)
     parallel = replace(
-        _CACHE_PARALLEL, tp=tp, cp=cp, ep=ep, dp=ep, sequence_parallel=sp, recompute=recompute, attention=attention
+        _CACHE_PARALLEL,
+        tp=tp,
+        cp=cp,
+        ep=ep,
+        dp=ep,
+        sequence_parallel=sp,
+        recompute=recompute,
+        attention=attention,
     )
     incoming, ffn_grad, wide = _block_backward_parts(arch, training, parallel)
     return ActivationTerms(

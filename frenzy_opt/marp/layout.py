@@ -90,7 +90,9 @@ def validate_runtime_zero(training: TrainingConfig, parallel: ParallelConfig) ->
 def state_layout(training: TrainingConfig, parallel: ParallelConfig) -> StateLayout:
     """The :class:`StateLayout` of ``training.runtime`` at ``training.precision`` and ``zero_stage``."""
     validate_runtime_zero(training, parallel)
-    return state_layout_for(training.runtime, training.precision, training.optimizer, parallel.zero_stage, parallel.dp > 1)
+    return state_layout_for(
+        training.runtime, training.precision, training.optimizer, parallel.zero_stage, parallel.dp > 1
+    )
 
 
 @functools.lru_cache(maxsize=256)

@@ -50,6 +50,9 @@ class CudaTerms:
     nccl_channels: int = 16
 
 
+DEFAULT_CUDA = CudaTerms()
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StagePrediction:
     stage: int
@@ -204,7 +207,10 @@ class StageModel:
     def peak_phase(self, dp: int) -> tuple[Phase, int]:
         """The phase holding the peak and its bytes beyond the model states."""
         held = self.activations(dp)
-        return max(((p, (held if p.holds_activations else 0) + p.extra_bytes) for p in self.phases), key=lambda x: x[1])
+        return max(
+            ((p, (held if p.holds_activations else 0) + p.extra_bytes) for p in self.phases),
+            key=lambda x: x[1],
+        )
 
     def allocated_bytes(self, dp: int) -> int:
         """Peak allocated bytes at data parallelism ``dp`` (the fast path of :func:`predict_stage`)."""
@@ -263,7 +269,9 @@ def stage_model_of(arch: ModelArch, training: TrainingConfig, parallel: Parallel
     )
 
 
-def comm_buffer_bytes(training: TrainingConfig, parallel: ParallelConfig, layout: StateLayout, terms: ParamTerms) -> int:
+def comm_buffer_bytes(
+    training: TrainingConfig, parallel: ParallelConfig, layout: StateLayout, terms: ParamTerms
+) -> int:
     """Communication buffers held through backward: DDP buckets (hf), DeepSpeed's ZeRO-2 reduce bucket
     (``reduce_bucket_size`` default 5e8 elements, DeepSpeed config docs), gathered FSDP/ZeRO-3 weights of
     the current and the prefetched block (FSDP2 default prefetch of one, Zhao et al. 2023, Sec. 3.3) or of
@@ -291,7 +299,9 @@ def nccl_bytes(parallel: ParallelConfig, cuda: CudaTerms, gpu: GpuType | None) -
     return groups * 2 * channels * cuda.nccl_buffer_bytes
 
 
-def cuda_totals(allocated: int, parallel: ParallelConfig, cuda: CudaTerms | None, gpu: GpuType | None) -> tuple[int, int]:
+def cuda_totals(
+    allocated: int, parallel: ParallelConfig, cuda: CudaTerms | None, gpu: GpuType | None
+) -> tuple[int, int]:
     """(peak_reserved_bytes, device_used_bytes) from the allocated peak."""
     if cuda is None:
         return allocated, allocated
@@ -340,12 +350,16 @@ def peak_stages(pp: int) -> list[int]:
     return [0] if pp == 1 else [0, pp - 1]
 
 
-def predict_peak(job: JobSpec, gpu: GpuType | None = None, *, cuda: CudaTerms | None = CudaTerms()) -> MemoryPrediction:
+def predict_peak(
+    job: JobSpec, gpu: GpuType | None = None, *, cuda: CudaTerms | None = DEFAULT_CUDA
+) -> MemoryPrediction:
     """Like :func:`predict_memory` but only for the stages of :func:`peak_stages`."""
     return _prediction(job, gpu, cuda, peak_stages(job.parallel.pp))
 
 
-def predict_memory(job: JobSpec, gpu: GpuType | None = None, *, cuda: CudaTerms | None = CudaTerms()) -> MemoryPrediction:
+def predict_memory(
+    job: JobSpec, gpu: GpuType | None = None, *, cuda: CudaTerms | None = DEFAULT_CUDA
+) -> MemoryPrediction:
     """Per-stage peak memory of ``job`` at its parallel config, on ``gpu`` if given (for capacity/fit).
 
     ``cuda=None`` switches the CUDA-only terms off (reserved = used = allocated), as on the CPU.

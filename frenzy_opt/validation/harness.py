@@ -124,7 +124,11 @@ def _megatron_optimizer(model: nn.Module, job: JobSpec) -> tuple[torch.optim.Opt
 
 
 def _run_step(
-    model: ReferenceDecoder, job: JobSpec, in_flight: int, optimizer: torch.optim.Optimizer, tracker: MemTracker
+    model: ReferenceDecoder,
+    job: JobSpec,
+    in_flight: int,
+    optimizer: torch.optim.Optimizer,
+    tracker: MemTracker,
 ) -> None:
     t, p = job.training, job.parallel
     b, s = t.micro_batch_size, t.seq_len // p.cp

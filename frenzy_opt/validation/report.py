@@ -68,8 +68,8 @@ def to_markdown(rows: list[Row], *, fake: bool, command: str) -> str:
         "# MARP validation against measured peak memory",
         "",
         f"Command: `{command}`",
-        f"Machine: {platform.machine()}, {platform.system()}, Python {platform.python_version()}, torch {torch.__version__}; "
-        f"execution: {'FakeTensorMode' if fake else 'real CPU tensors'} with MemTracker.",
+        f"Machine: {platform.machine()}, {platform.system()}, Python {platform.python_version()}, "
+        f"torch {torch.__version__}; execution: {'FakeTensorMode' if fake else 'real CPU tensors'} with MemTracker.",
         "",
         f"{cases} configurations, {len(rows)} pipeline stages: {within}/{len(rows)} within 3 %; "
         f"mean |error| {100 * sum(errors) / len(errors):.2f} %, max |error| {100 * max(errors):.2f} %, "
@@ -97,14 +97,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         wanted = set(args.cases.split(","))
         unknown = wanted - {c.name for c in CASES}
         if unknown:
-            print(f"unknown case(s): {', '.join(sorted(unknown))}; allowed: {', '.join(c.name for c in CASES)}", file=sys.stderr)
+            print(
+                f"unknown case(s): {', '.join(sorted(unknown))}; allowed: {', '.join(c.name for c in CASES)}",
+                file=sys.stderr,
+            )
             return 2
         selected = tuple(c for c in CASES if c.name in wanted)
     rows: list[Row] = []
     for case in selected:
         rows.extend(run_case(case, fake=not args.real))
-        print(f"{case.name}: " + ", ".join(f"stage {r.stage} {100 * r.error:+.2f} %" for r in rows if r.case == case.name), file=sys.stderr)
-    command = "python -m frenzy_opt.validation.report" + (" --real" if args.real else "") + (f" --cases {args.cases}" if args.cases else "")
+        print(
+            f"{case.name}: "
+            + ", ".join(f"stage {r.stage} {100 * r.error:+.2f} %" for r in rows if r.case == case.name),
+            file=sys.stderr,
+        )
+    command = (
+        "python -m frenzy_opt.validation.report"
+        + (" --real" if args.real else "")
+        + (f" --cases {args.cases}" if args.cases else "")
+    )
     text = to_markdown(rows, fake=not args.real, command=command)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
