@@ -24,19 +24,21 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# Run from inside .venv: at the repository root the source folder frenzy_opt/ would shadow the installed
+# link tree (which also holds models/, solvers/ and api/ as frenzy_opt.*).
 typecheck: install
-	$(BIN)/mypy -p frenzy_opt
+	cd $(VENV) && bin/mypy --config-file ../pyproject.toml --cache-dir ../.mypy_cache -p frenzy_opt
 
 pytest: install
-	$(BIN)/pytest
+	$(BIN)/pytest -n 2
 
 test: lint typecheck pytest
 
 validate: install
-	$(BIN)/python -m frenzy_opt.validation.report --out docs/marp-validation.md
+	$(BIN)/python -P -m frenzy_opt.validation.report --out docs/marp-validation.md
 
 bench: install
-	$(BIN)/python benchmarks/plan_enumeration.py --out benchmarks/results/plan_enumeration.md
+	$(BIN)/python -P benchmarks/plan_enumeration.py --out benchmarks/results/plan_enumeration.md
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache

@@ -20,7 +20,7 @@ from frenzy_opt.gpus import load_gpus, lookup_gpu
 from frenzy_opt.marp.predictor import MemoryPrediction, predict_memory
 from frenzy_opt.models.catalog import load_catalog
 from frenzy_opt.plans import PlanSearch, enumerate_plans
-from frenzy_opt.scenario import DEFAULT_SCENARIO, load_cluster_ref, load_scenario
+from frenzy_opt.scenario import DEFAULT_SCENARIO, load_cluster_ref, load_scenario, resolve
 from frenzy_opt.spec import JobSpec, load_job
 
 GIB = 2**30
@@ -105,7 +105,7 @@ def prediction_payload(prediction: MemoryPrediction) -> dict[str, Any]:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    job = load_job(args.job)
+    job = load_job(resolve(args.job))
     gpu = lookup_gpu(args.gpu)
     if args.micro_batch_size:
         job = job.with_parallel(job.parallel, micro_batch_size=args.micro_batch_size)
@@ -193,7 +193,7 @@ def _plans_table(title: str, search: PlanSearch, top: int) -> Table:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    job = load_job(args.job)
+    job = load_job(resolve(args.job))
     cluster = load_cluster_ref(args.cluster)
     search = search_or_fail(job, cluster)
     payload = {"job": job.name, "cluster": cluster.name, **plans_payload(search, args.top)}
@@ -259,11 +259,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("catalog", "list the GPU or model catalogue", cmd_catalog)
     p.add_argument("what", choices=("gpus", "models"))
     p = add("predict", "per-stage peak memory of a job on one GPU type", cmd_predict)
-    p.add_argument("job", help="job spec file (YAML or JSON, contract 1)")
+    p.add_argument("job", help="job spec file (YAML or JSON, contract 1) or a shipped job name")
     p.add_argument("--gpu", required=True, help="GPU type name or alias (see `frenzy catalog gpus`)")
     p.add_argument("--micro-batch-size", type=int, default=0, help="override training.micro_batch_size")
     p = add("plan", "every memory-feasible plan of a job on a cluster, best first", cmd_plan)
-    p.add_argument("job", help="job spec file (YAML or JSON, contract 1)")
+    p.add_argument("job", help="job spec file (YAML or JSON, contract 1) or a shipped job name")
     p.add_argument("--cluster", required=True, help="cluster file or shipped cluster name (contract 2)")
     p.add_argument("--top", type=int, default=10, help="how many plans to show (default 10)")
     p = add("run", "plan every job of a scenario (default: the embedded default scenario)", cmd_run)

@@ -255,13 +255,16 @@ class _PeakCache:
         return max(model.allocated_bytes(p.dp) for model in models)
 
 
-def enumerate_plans(job: JobSpec, cluster: ClusterSpec, *, cuda: CudaTerms | None = DEFAULT_CUDA) -> PlanSearch:
+def enumerate_plans(
+    job: JobSpec, cluster: ClusterSpec, *, cuda: CudaTerms | None = DEFAULT_CUDA, prune: bool = True
+) -> PlanSearch:
     """Every memory-feasible plan of ``job`` on each GPU type of ``cluster``, ranked (see :func:`rank_plans`).
 
     GPU types that run the job at the same precision, with the same node size and GPU count, share one
     search. Memory never grows with dp at dp >= 2 (ZeRO shards shrink, fewer micro-batches are in flight,
     more ep choices), so the dp scan runs from the largest dp down and skips the remaining dp >= 2 after the
-    first dp where nothing fits; dp = 1 (no data-parallel communicator) is checked on its own.
+    first dp where nothing fits; dp = 1 (no data-parallel communicator) is checked on its own. A shape
+    whose model states alone exceed the group's largest GPU at the largest dp is skipped (``prune``).
     """
     groups: dict[tuple[str, int, int], list[GpuType]] = {}
     for gpu in cluster.gpu_types():
@@ -280,7 +283,7 @@ def enumerate_plans(job: JobSpec, cluster: ClusterSpec, *, cuda: CudaTerms | Non
         capacity = max(gpu.memory_bytes for gpu in gpus)
         by_link = _by_link(gpus)
         for shape in _shapes(job, gpus_per_node, max_gpus):
-            if _states_lower_bound(base, shape, max_gpus) > capacity:
+            if prune and _states_lower_bound(base, shape, max_gpus) > capacity:
                 continue
             exhausted = False
             for dp in _dp_choices(job, shape, max_gpus):
@@ -310,6 +313,10 @@ def enumerate_plans(job: JobSpec, cluster: ClusterSpec, *, cuda: CudaTerms | Non
                                 )
                             )
                 exhausted = len(plans) == fits_before
+    if not plans and prune:
+        # Nothing fits: search again without the lower-bound pruning, so the error can name the least
+        # memory per GPU any configuration needs.
+        return enumerate_plans(job, cluster, cuda=cuda, prune=False)
     return PlanSearch(plans=rank_plans(plans), min_device_bytes=min_device, num_evaluated=evaluated)
 
 
@@ -339,7 +346,7 @@ def _by_link(gpus: list[GpuType]) -> list[list[GpuType]]:
 def rank_plans(plans: list[Plan]) -> list[Plan]:
     """Best first: by predicted step time when known; else fewest GPUs, then the least recompute (full
     recompute re-runs the forward pass, about a third more compute, Korthikanti et al. 2022, Sec. 5), then
-    the most memory headroom."""
+    the most memory headroom. A total order: equal keys are broken on the plan's own fields."""
     return sorted(
         plans,
         key=lambda p: (
@@ -347,5 +354,11 @@ def rank_plans(plans: list[Plan]) -> list[Plan]:
             p.num_gpus,
             RECOMPUTE_ORDER.index(p.parallel.recompute),
             -p.headroom_bytes,
+            # Ties broken on the plan itself, so the order never depends on the search order.
+            p.gpu_type,
+            -p.micro_batch_size,
+            (p.parallel.dp, p.parallel.tp, p.parallel.pp, p.parallel.vpp, p.parallel.cp, p.parallel.ep),
+            p.parallel.zero_stage,
+            p.parallel.sequence_parallel,
         ),
     )

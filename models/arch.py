@@ -198,7 +198,9 @@ def layer_weight_shapes(arch: ModelArch, *, tp: int, ep: int) -> list[tuple[int,
 
     def mlp(ffn: int) -> list[tuple[int, ...]]:
         f_local = ffn // tp
-        out: list[tuple[int, ...]] = [(f_local, h), (h, f_local)] + ([(f_local, h)] if arch.mlp == "swiglu" else [])
+        out: list[tuple[int, ...]] = [(f_local, h), (h, f_local)]
+        if arch.mlp == "swiglu":
+            out.append((f_local, h))
         if arch.linear_bias:
             out += [(f_local,), (h,)] + ([(f_local,)] if arch.mlp == "swiglu" else [])
         return out

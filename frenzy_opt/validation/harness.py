@@ -69,7 +69,7 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
         torch.set_default_dtype(previous)
 
 
-def _build(job: JobSpec, stage: int) -> tuple[ReferenceDecoder, int]:
+def build_rank(job: JobSpec, stage: int) -> tuple[ReferenceDecoder, int]:
     """The rank's module and how many micro-batches it keeps in flight."""
     p, t = job.parallel, job.training
     num_microbatches = t.global_batch_size // (t.micro_batch_size * p.dp)
@@ -95,7 +95,7 @@ def _build(job: JobSpec, stage: int) -> tuple[ReferenceDecoder, int]:
     return model, in_flight
 
 
-def _megatron_optimizer(model: nn.Module, job: JobSpec) -> tuple[torch.optim.Optimizer, list[torch.Tensor]]:
+def megatron_optimizer(model: nn.Module, job: JobSpec) -> tuple[torch.optim.Optimizer, list[torch.Tensor]]:
     """Megatron's layout: flat fp32 main-grad buffer, fp32 master shard, fused Adam on the shard."""
     params = [p for p in model.parameters() if p.requires_grad]
     total = sum(p.numel() for p in params)
@@ -123,13 +123,15 @@ def _megatron_optimizer(model: nn.Module, job: JobSpec) -> tuple[torch.optim.Opt
     return torch.optim.AdamW([master], fused=True), [main_grad, master]
 
 
-def _run_step(
+def run_step(
     model: ReferenceDecoder,
     job: JobSpec,
     in_flight: int,
     optimizer: torch.optim.Optimizer,
-    tracker: MemTracker,
+    tracker: MemTracker | None = None,
 ) -> None:
+    """One training step: ``in_flight`` forwards (1F1B's warm-up on this stage), their backwards, the
+    optimizer step. Tensors are made on the default device (``with torch.device(...)`` selects it)."""
     t, p = job.training, job.parallel
     b, s = t.micro_batch_size, t.seq_len // p.cp
     vocab_local = math.ceil(job.model.vocab_size / p.tp)
@@ -142,8 +144,9 @@ def _run_step(
             # Activations received from the previous stage (a leaf that gets a gradient to send back).
             inputs = torch.zeros(b, s, job.model.hidden_size, dtype=hidden_dtype, requires_grad=True)
         targets = torch.randint(0, vocab_local, (b, s)) if model.output is not None else None
-        # Per-module statistics are per call; the global peak MemTracker keeps is unaffected.
-        tracker.reset_mod_stats()
+        if tracker is not None:
+            # Per-module statistics are per call; the global peak MemTracker keeps is unaffected.
+            tracker.reset_mod_stats()
         out = model(inputs, targets)
         if targets is None:
             # Megatron frees a sent activation's data and keeps only its autograd node
@@ -174,8 +177,8 @@ def measure(job: JobSpec, *, stage: int = 0, fake: bool = True, steps: int = 1) 
         raise ValueError(f"stage must be in 0..{job.parallel.pp - 1}, got {stage}")
     mode = FakeTensorMode() if fake else contextlib.nullcontext()
     with mode:
-        model, in_flight = _build(job, stage)
-        optimizer, buffers = _megatron_optimizer(model, job)
+        model, in_flight = build_rank(job, stage)
+        optimizer, buffers = megatron_optimizer(model, job)
         optimizer.step()  # creates the optimizer states: steady state from the first measured step on
         model.zero_grad(set_to_none=True)
         tracker = MemTracker()
@@ -183,7 +186,7 @@ def measure(job: JobSpec, *, stage: int = 0, fake: bool = True, steps: int = 1) 
         tracker.track_external(model, optimizer, *buffers)
         with tracker:
             for _ in range(steps):
-                _run_step(model, job, in_flight, optimizer, tracker)
+                run_step(model, job, in_flight, optimizer, tracker)
         peak = tracker.get_tracker_snapshot("peak")
     device_peak = next(iter(peak.values()))
     breakdown = {str(getattr(k, "value", k)): int(v) for k, v in device_peak.items()}

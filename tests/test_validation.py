@@ -1,0 +1,64 @@
+"""MARP against measured peak memory: real training steps of the reference decoder on the CPU, under
+FakeTensorMode (every case) and executed for real (small cases), each pipeline stage within 3 %."""
+
+from __future__ import annotations
+
+import pytest
+
+from frenzy_opt.marp.predictor import predict_memory
+from frenzy_opt.validation.cases import CASES, Case
+from frenzy_opt.validation.harness import check_supported, measure
+from frenzy_opt.validation.report import run_case, to_markdown
+
+TOLERANCE = 0.03
+
+
+def test_at_least_thirty_configurations_cover_the_space() -> None:
+    assert len(CASES) >= 30
+    jobs = [case.job() for case in CASES]
+    assert {j.training.precision for j in jobs} >= {"bf16", "fp16", "fp32"}
+    assert {j.parallel.recompute for j in jobs} == {"none", "selective", "full"}
+    assert {j.parallel.attention for j in jobs} == {"flash", "eager"}
+    assert any(j.model.is_moe for j in jobs) and any(j.model.tied_embeddings for j in jobs)
+    assert any(j.model.num_kv_heads < j.model.num_attention_heads for j in jobs)
+    for degree in ("tp", "pp", "cp", "ep", "dp"):
+        assert any(getattr(j.parallel, degree) > 1 for j in jobs), degree
+    assert {j.training.seq_len for j in jobs} >= {512, 1024, 2048, 4096, 8192}
+    assert {j.training.micro_batch_size for j in jobs} >= {1, 2, 4}
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_prediction_within_three_percent_of_fake_measurement(case: Case) -> None:
+    for row in run_case(case, fake=True):
+        assert abs(row.error) <= TOLERANCE, f"{case.name} stage {row.stage}: {100 * row.error:+.2f} %"
+
+
+REAL_CASES = [c for c in CASES if c.name in ("small-mb1", "small-eager-gqa", "small-full", "small-pp2", "small-moe")]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", REAL_CASES, ids=[c.name for c in REAL_CASES])
+def test_real_execution_matches_fake_and_prediction(case: Case) -> None:
+    job = case.job()
+    predicted = predict_memory(job, cuda=None)
+    for stage in predicted.stages:
+        real = measure(job, stage=stage.stage, fake=False)
+        fake = measure(job, stage=stage.stage, fake=True)
+        assert real.peak_bytes == fake.peak_bytes
+        assert abs(stage.peak_allocated_bytes / real.peak_bytes - 1) <= TOLERANCE
+
+
+def test_harness_rejects_what_it_cannot_emulate() -> None:
+    job = CASES[0].job()
+    for change, field in (({"runtime": "fsdp2"}, "training.runtime"), ({"precision": "fp8"}, "training.precision")):
+        bad = Case(name="bad", spec={**CASES[0].spec, "training": {**CASES[0].spec["training"], **change}})
+        with pytest.raises(ValueError, match=field):
+            check_supported(bad.job())
+    with pytest.raises(ValueError, match="stage"):
+        measure(job, stage=3)
+
+
+def test_report_table_states_accuracy() -> None:
+    rows = run_case(CASES[0])
+    text = to_markdown(rows, fake=True, command="cmd")
+    assert "| small-base | 0 |" in text and "within 3 %" in text and "`cmd`" in text
