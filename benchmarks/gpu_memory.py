@@ -92,7 +92,8 @@ def _markdown(meta: dict[str, object], rows: list[dict[str, dict[str, int] | str
         "",
         f"Command: `python -P benchmarks/gpu_memory.py --gpu {meta['gpu']}`; {json.dumps(meta)}",
         "",
-        "| case | stage | alloc pred MiB | alloc meas MiB | err | reserved pred | reserved meas | used pred | used meas |",
+        "| case | stage | alloc pred MiB | alloc meas MiB | err | reserved pred | reserved meas | used pred "
+        "| used meas |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     fragmentation, context = [], []

@@ -49,7 +49,7 @@ def test_fsdp2_shards_everything_and_hf_keeps_sixteen_bytes() -> None:
 
 
 def test_runtime_rejects_zero_stage_it_does_not_have() -> None:
-    with pytest.raises(ValueError, match="zero_stage 3 is not available with training.runtime megatron"):
+    with pytest.raises(ValueError, match=r"zero_stage 3 is not available with training\.runtime megatron"):
         predict_memory(_job(parallel={"dp": 8, "zero_stage": 3}))
 
 
@@ -120,8 +120,8 @@ def test_memory_is_monotone_in_batch_and_sequence(
     model: str, runtime: str, seq: int, mb: int, tp: int, pp: int, recompute: str
 ) -> None:
     zero = {"megatron": 1, "deepspeed": 2, "fsdp2": 3, "hf": 0}[runtime]
-    base = _job(model, {"tp": tp, "pp": pp, "dp": 2 if runtime != "hf" else 1, "zero_stage": zero, "recompute": recompute},
-                seq_len=seq, micro_batch_size=mb, runtime=runtime, global_batch_size=64)  # fmt: skip
+    parallel = {"tp": tp, "pp": pp, "dp": 2 if runtime != "hf" else 1, "zero_stage": zero, "recompute": recompute}
+    base = _job(model, parallel, seq_len=seq, micro_batch_size=mb, runtime=runtime, global_batch_size=64)
     peak = predict_memory(base).peak_allocated_bytes
     longer = replace(base, training=replace(base.training, seq_len=seq * 2))
     bigger = replace(base, training=replace(base.training, micro_batch_size=mb * 2))

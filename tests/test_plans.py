@@ -9,9 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from frenzy_opt.cluster import ClusterSpec, parse_cluster
+from frenzy_opt.gpus import lookup_gpu
 from frenzy_opt.marp.predictor import predict_memory
 from frenzy_opt.plans import Plan, _configs_at, _dp_choices, _shapes, effective_precision, enumerate_plans, rank_plans
-from frenzy_opt.gpus import lookup_gpu
 from frenzy_opt.spec import JobSpec, parse_job
 
 
