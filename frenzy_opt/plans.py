@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import functools
 import itertools
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
 from frenzy_opt.cluster import ClusterSpec
 from frenzy_opt.gpus import GpuType
+from frenzy_opt.marp.activations import activation_terms_for
 from frenzy_opt.marp.layout import ZERO_STAGES_BY_RUNTIME, state_layout_for
 from frenzy_opt.marp.predictor import (
     DEFAULT_CUDA,
@@ -37,7 +39,7 @@ from frenzy_opt.marp.predictor import (
     peak_stages,
     stage_model_of,
 )
-from frenzy_opt.marp.stages import chunk_layer_counts
+from frenzy_opt.marp.stages import chunk_layer_counts, in_flight_layer_microbatches
 from frenzy_opt.models.arch import ModelArch
 from frenzy_opt.spec import JobSpec, ParallelConfig, TrainingConfig
 
@@ -223,16 +225,18 @@ def _configs_at(job: JobSpec, shape: _Shape, dp: int) -> Iterator[ParallelConfig
 
 class _PeakCache:
     """Stage models per candidate without its dp (they do not depend on it), so the dp scan only
-    re-evaluates the dp-dependent terms."""
+    re-evaluates the dp-dependent terms. Stages are built lazily: once the first stage alone exceeds the
+    largest GPU, the last stage is not needed."""
 
     def __init__(self, arch: ModelArch, training: TrainingConfig) -> None:
         self._arch = arch
         self._training = {training.micro_batch_size: training}
         self._base = training
-        self._models: dict[tuple[object, ...], list[StageModel]] = {}
+        self._models: dict[tuple[object, ...], dict[int, StageModel]] = {}
 
-    def allocated(self, p: ParallelConfig, micro_batch_size: int) -> int:
-        """Peak allocated bytes over the stages that can hold the peak."""
+    def allocated(self, p: ParallelConfig, micro_batch_size: int, capacity: int) -> int:
+        """Peak allocated bytes over the stages that can hold the peak, or a first-stage figure already
+        above ``capacity`` bytes (then the candidate fits nowhere and the exact peak does not matter)."""
         key = (
             micro_batch_size,
             p.tp,
@@ -245,14 +249,19 @@ class _PeakCache:
             p.sequence_parallel,
             p.dp > 1,
         )
-        models = self._models.get(key)
-        if models is None:
-            training = self._training.get(micro_batch_size)
-            if training is None:
-                training = self._training[micro_batch_size] = replace(self._base, micro_batch_size=micro_batch_size)
-            models = [stage_model_of(self._arch, training, p, stage) for stage in peak_stages(p.pp)]
-            self._models[key] = models
-        return max(model.allocated_bytes(p.dp) for model in models)
+        models = self._models.setdefault(key, {})
+        best = 0
+        for stage in peak_stages(p.pp):
+            model = models.get(stage)
+            if model is None:
+                training = self._training.get(micro_batch_size)
+                if training is None:
+                    training = self._training[micro_batch_size] = replace(self._base, micro_batch_size=micro_batch_size)
+                model = models[stage] = stage_model_of(self._arch, training, p, stage)
+            best = max(best, model.allocated_bytes(p.dp))
+            if best > capacity:
+                break
+        return best
 
 
 def enumerate_plans(
@@ -264,7 +273,8 @@ def enumerate_plans(
     search. Memory never grows with dp at dp >= 2 (ZeRO shards shrink, fewer micro-batches are in flight,
     more ep choices), so the dp scan runs from the largest dp down and skips the remaining dp >= 2 after the
     first dp where nothing fits; dp = 1 (no data-parallel communicator) is checked on its own. A shape
-    whose model states alone exceed the group's largest GPU at the largest dp is skipped (``prune``).
+    whose model states and one micro-batch's activations exceed the group's largest GPU at the largest dp
+    is skipped (``prune``).
     """
     groups: dict[tuple[str, int, int], list[GpuType]] = {}
     for gpu in cluster.gpu_types():
@@ -281,17 +291,20 @@ def enumerate_plans(
         cache = _PeakCache(job.model, base.training)
         labels = {gpu.name: effective_precision(gpu, job.training.precision) for gpu in gpus}
         capacity = max(gpu.memory_bytes for gpu in gpus)
+        # Without pruning (the no-plan case) every candidate's exact peak is computed for the error message.
+        stop_above = capacity if prune else sys.maxsize
         by_link = _by_link(gpus)
         for shape in _shapes(job, gpus_per_node, max_gpus):
-            if prune and _states_lower_bound(base, shape, max_gpus) > capacity:
+            dps = _dp_choices(job, shape, max_gpus)
+            if not dps or (prune and _lower_bound(base, shape, dps[0]) > capacity):
                 continue
             exhausted = False
-            for dp in _dp_choices(job, shape, max_gpus):
+            for dp in dps:
                 if exhausted and dp >= 2:
                     continue
                 fits_before = len(plans)
                 for parallel in _configs_at(job, shape, dp):
-                    allocated = cache.allocated(parallel, shape.micro_batch_size)
+                    allocated = cache.allocated(parallel, shape.micro_batch_size, stop_above)
                     evaluated += 1
                     for link_gpus in by_link:
                         reserved, used = cuda_totals(allocated, parallel, cuda, link_gpus[0])
@@ -320,18 +333,32 @@ def enumerate_plans(
     return PlanSearch(plans=rank_plans(plans), min_device_bytes=min_device, num_evaluated=evaluated)
 
 
-def _states_lower_bound(job: JobSpec, shape: _Shape, max_gpus: int) -> float:
-    """Model-state bytes of the first stage at the largest dp the cluster allows, sharded as much as any
-    ZeRO stage and ep choice allows: no plan of this shape needs less memory per GPU."""
+def _lower_bound(job: JobSpec, shape: _Shape, dp: int) -> float:
+    """Bytes no plan of this shape gets below on its first stage: model states at ``dp`` (the largest valid
+    dp), sharded as far as any ZeRO stage and ep choice allows, plus the activations of the micro-batches in
+    flight at that dp (the fewest), plus the loss when the first stage is also the last."""
     arch, training = job.model, job.training
-    dp = max_gpus // shape.model_gpus
     ep = max((e for e in _divisors(arch.num_experts) if dp % e == 0), default=1)
-    layers = chunk_layer_counts(arch.num_layers, shape.pp, shape.vpp)[:: shape.pp]
-    terms = param_terms(arch, shape.tp, ep, shape.pp, sum(layers), True, shape.pp == 1)
+    chunks = chunk_layer_counts(arch.num_layers, shape.pp, shape.vpp)[:: shape.pp]
+    layers = sum(chunks)
+    terms = param_terms(arch, shape.tp, ep, shape.pp, layers, True, shape.pp == 1)
     zero = max(ZERO_STAGES_BY_RUNTIME[training.runtime])
     layout = state_layout_for(training.runtime, training.precision, training.optimizer, zero, dp > 1)
-    weights, grads, _, _ = layout.per_param(dp)
-    return terms.params * (weights + grads)
+    acts = activation_terms_for(
+        arch,
+        training,
+        micro_batch_size=shape.micro_batch_size,
+        tp=shape.tp,
+        cp=shape.cp,
+        ep=ep,
+        sp=shape.sequence_parallel,
+        recompute=shape.recompute,
+    )
+    microbatches = max(training.global_batch_size // (shape.micro_batch_size * dp), 1)
+    in_flight = in_flight_layer_microbatches(chunks, 0, shape.pp, microbatches)
+    loss = acts.loss + acts.loss_backward if shape.pp == 1 else 0
+    # Flash attention keeps the least of the two kernels, so its activations bound any attention choice.
+    return terms.params * sum(layout.per_param(dp)) + in_flight * layers * acts.layer + loss
 
 
 def _by_link(gpus: list[GpuType]) -> list[list[GpuType]]:

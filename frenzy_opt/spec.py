@@ -151,7 +151,8 @@ def parse_job(data: dict[str, Any]) -> JobSpec:
     model = parse_model(data["model"])
     training = TrainingConfig(**_section(data, "training", TrainingConfig))
     parallel_raw = _section(data, "parallel", ParallelConfig)
-    defaults = {"zero_stage": default_zero_stage(training.runtime, int(parallel_raw.get("dp", 1)))}
+    dp = parallel_raw.get("dp", 1)
+    defaults = {"zero_stage": default_zero_stage(training.runtime, dp if isinstance(dp, int) else 1)}
     parallel = ParallelConfig(**{**defaults, **parallel_raw})
     name = str(data.get("name") or f"{model.name}-job")
     return JobSpec(name=name, model=model, training=training, parallel=parallel, pinned=frozenset(parallel_raw))

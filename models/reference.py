@@ -281,7 +281,7 @@ class ReferenceDecoder(nn.Module):
         if targets is None:
             return logits
         # Cross-entropy on fp32 logits (the upcast common training code does before the loss).
-        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1))
+        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.reshape(-1))
 
     def num_params(self) -> int:
         """Distinct parameters (tied weights counted once)."""

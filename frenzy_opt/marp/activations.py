@@ -242,18 +242,26 @@ def activation_terms(arch: ModelArch, training: TrainingConfig, parallel: Parall
     """All terms for the shape that ``training`` and ``parallel`` give one rank. Memoised on the fields
     activations depend on (not dp, pp, vpp, ZeRO stage, batch totals or runtime), so a plan search computes
     each shape once."""
-    key = (
-        arch,
-        training.seq_len,
-        training.micro_batch_size,
-        training.precision,
-        parallel.tp,
-        parallel.cp,
-        parallel.ep,
-        parallel.sequence_parallel,
-        parallel.recompute,
-        parallel.attention,
+    p = parallel
+    return _activation_terms(
+        (arch, training.seq_len, training.micro_batch_size, training.precision, p.tp, p.cp, p.ep)
+        + (p.sequence_parallel, p.recompute, p.attention)
     )
+
+
+def activation_terms_for(
+    arch: ModelArch,
+    training: TrainingConfig,
+    *,
+    micro_batch_size: int,
+    tp: int,
+    cp: int,
+    ep: int,
+    sp: bool,
+    recompute: str,
+) -> ActivationTerms:
+    """:func:`activation_terms` from the fields alone (no :class:`ParallelConfig` to build)."""
+    key = (arch, training.seq_len, micro_batch_size, training.precision, tp, cp, ep, sp, recompute, "flash")
     return _activation_terms(key)
 
 

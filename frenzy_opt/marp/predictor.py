@@ -51,6 +51,7 @@ class CudaTerms:
 
 
 DEFAULT_CUDA = CudaTerms()
+STATE_COMPONENTS = ("weights", "grads", "master_weights", "optimizer_states", "weight_cache")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -174,6 +175,9 @@ class StageModel:
     global_batch_size: int
     micro_batch_size: int
     phases: tuple[Phase, ...]
+    max_extra_with_activations: int
+    """Largest ``extra_bytes`` of the phases that hold the activations (derived from ``phases``)."""
+    max_extra_without_activations: int
 
     @property
     def num_layers(self) -> int:
@@ -181,19 +185,17 @@ class StageModel:
 
     def states(self, dp: int) -> dict[str, int]:
         """Model-state copies at data parallelism ``dp``, bytes."""
+        return dict(zip(STATE_COMPONENTS, self._state_values(dp), strict=True))
+
+    def _state_values(self, dp: int) -> tuple[int, int, int, int, int]:
         params = self.params.params
         weights, grads, master, optimizer = self.layout.per_param(dp)
         if self.adafactor:
             opt_bytes = self.params.adafactor_state_bytes / (dp if self.layout.shard_optimizer else 1)
         else:
             opt_bytes = optimizer * params
-        return {
-            "weights": int(weights * params),
-            "grads": int(grads * params),
-            "master_weights": int(master * params),
-            "optimizer_states": int(opt_bytes),
-            "weight_cache": int(self.layout.weight_cache_bytes * params),
-        }
+        cache = self.layout.weight_cache_bytes * params
+        return int(weights * params), int(grads * params), int(master * params), int(opt_bytes), int(cache)
 
     def activations(self, dp: int) -> int:
         """Activations of every in-flight micro-batch at the stage's peak, bytes."""
@@ -207,14 +209,13 @@ class StageModel:
     def peak_phase(self, dp: int) -> tuple[Phase, int]:
         """The phase holding the peak and its bytes beyond the model states."""
         held = self.activations(dp)
-        return max(
-            ((p, (held if p.holds_activations else 0) + p.extra_bytes) for p in self.phases),
-            key=lambda x: x[1],
-        )
+        return max(((p, (held if p.holds_activations else 0) + p.extra_bytes) for p in self.phases), key=lambda x: x[1])
 
     def allocated_bytes(self, dp: int) -> int:
-        """Peak allocated bytes at data parallelism ``dp`` (the fast path of :func:`predict_stage`)."""
-        return sum(self.states(dp).values()) + self.peak_phase(dp)[1]
+        """Peak allocated bytes at data parallelism ``dp``: the value :func:`predict_stage` reports, without
+        building its breakdown (the plan search's fast path)."""
+        beyond_states = max(self.activations(dp) + self.max_extra_with_activations, self.max_extra_without_activations)
+        return sum(self._state_values(dp)) + beyond_states
 
 
 def stage_model(job: JobSpec, stage: int) -> StageModel:
@@ -266,6 +267,8 @@ def stage_model_of(arch: ModelArch, training: TrainingConfig, parallel: Parallel
         global_batch_size=training.global_batch_size,
         micro_batch_size=training.micro_batch_size,
         phases=tuple(phases),
+        max_extra_with_activations=max(p.extra_bytes for p in phases if p.holds_activations),
+        max_extra_without_activations=max(p.extra_bytes for p in phases if not p.holds_activations),
     )
 
 
