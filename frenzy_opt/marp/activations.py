@@ -243,10 +243,8 @@ def activation_terms(arch: ModelArch, training: TrainingConfig, parallel: Parall
     activations depend on (not dp, pp, vpp, ZeRO stage, batch totals or runtime), so a plan search computes
     each shape once."""
     p = parallel
-    return _activation_terms(
-        (arch, training.seq_len, training.micro_batch_size, training.precision, p.tp, p.cp, p.ep)
-        + (p.sequence_parallel, p.recompute, p.attention)
-    )
+    key = (arch, training.seq_len, training.micro_batch_size, training.precision, p.tp, p.cp, p.ep)
+    return _activation_terms((*key, p.sequence_parallel, p.recompute, p.attention))
 
 
 def activation_terms_for(
