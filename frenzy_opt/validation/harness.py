@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -176,7 +177,9 @@ def measure(job: JobSpec, *, stage: int = 0, fake: bool = True, steps: int = 1) 
     if not 0 <= stage < job.parallel.pp:
         raise ValueError(f"stage must be in 0..{job.parallel.pp - 1}, got {stage}")
     mode = FakeTensorMode() if fake else contextlib.nullcontext()
-    with mode:
+    with mode, warnings.catch_warnings():
+        # MemTracker warns for every None gradient it is handed (parameters without .grad): harmless here.
+        warnings.filterwarnings("ignore", "Expected a tensor or a traceable wrapper-subclass", UserWarning)
         model, in_flight = build_rank(job, stage)
         optimizer, buffers = megatron_optimizer(model, job)
         optimizer.step()  # creates the optimizer states: steady state from the first measured step on
