@@ -45,7 +45,7 @@ REAL_CASES = [
             "training": {**TINY_TRAINING, **training},
             "parallel": parallel,
         },
-    )  # fmt: skip
+    )
     for name, model, training, parallel in (
         ("tiny-flash", {}, {}, {}),
         ("tiny-eager-gqa", {}, {}, {"attention": "eager"}),
