@@ -273,8 +273,9 @@ def enumerate_plans(
     search. Memory never grows with dp at dp >= 2 (ZeRO shards shrink, fewer micro-batches are in flight,
     more ep choices), so the dp scan runs from the largest dp down and skips the remaining dp >= 2 after the
     first dp where nothing fits; dp = 1 (no data-parallel communicator) is checked on its own. A shape
-    whose model states and one micro-batch's activations exceed the group's largest GPU at the largest dp
-    is skipped (``prune``).
+    whose lower bound (:func:`_lower_bound`) exceeds the group's largest GPU is skipped. When no plan fits
+    anywhere, a second pass (``prune=False``) finds the least per-GPU footprint of any configuration for
+    the error message, skipping shapes whose lower bound exceeds the best footprint found so far.
     """
     groups: dict[tuple[str, int, int], list[GpuType]] = {}
     for gpu in cluster.gpu_types():
@@ -291,12 +292,13 @@ def enumerate_plans(
         cache = _PeakCache(job.model, base.training)
         labels = {gpu.name: effective_precision(gpu, job.training.precision) for gpu in gpus}
         capacity = max(gpu.memory_bytes for gpu in gpus)
-        # Without pruning (the no-plan case) every candidate's exact peak is computed for the error message.
-        stop_above = capacity if prune else sys.maxsize
         by_link = _by_link(gpus)
         for shape in _shapes(job, gpus_per_node, max_gpus):
+            # Feasibility search: nothing above the largest GPU matters. Minimum search (no plan anywhere):
+            # nothing above the least footprint found so far does (branch and bound).
+            limit = capacity if prune else (min_device if min_device is not None else sys.maxsize)
             dps = _dp_choices(job, shape, max_gpus)
-            if not dps or (prune and _lower_bound(base, shape, dps[0]) > capacity):
+            if not dps or _lower_bound(base, shape, dps[0]) > limit:
                 continue
             exhausted = False
             for dp in dps:
@@ -304,7 +306,7 @@ def enumerate_plans(
                     continue
                 fits_before = len(plans)
                 for parallel in _configs_at(job, shape, dp):
-                    allocated = cache.allocated(parallel, shape.micro_batch_size, stop_above)
+                    allocated = cache.allocated(parallel, shape.micro_batch_size, limit)
                     evaluated += 1
                     for link_gpus in by_link:
                         reserved, used = cuda_totals(allocated, parallel, cuda, link_gpus[0])
@@ -327,8 +329,8 @@ def enumerate_plans(
                             )
                 exhausted = len(plans) == fits_before
     if not plans and prune:
-        # Nothing fits: search again without the lower-bound pruning, so the error can name the least
-        # memory per GPU any configuration needs.
+        # Nothing fits: search again for the least memory per GPU any configuration needs (for the error),
+        # bounding by the best footprint found instead of the GPU's capacity.
         return enumerate_plans(job, cluster, cuda=cuda, prune=False)
     return PlanSearch(plans=rank_plans(plans), min_device_bytes=min_device, num_evaluated=evaluated)
 
