@@ -182,12 +182,26 @@ def plans_payload(search: PlanSearch, top: int) -> dict[str, Any]:
 
 def _plans_table(title: str, search: PlanSearch, top: int) -> Table:
     table = Table(title=title)
-    for col in ("#", "gpu", "gpus", "parallel", "mb", "prec", "alloc GiB", "used GiB", "cap GiB", "headroom"):
+    for col in (
+        "#",
+        "gpu",
+        "gpus",
+        "parallel",
+        "mb",
+        "prec",
+        "step s",
+        "runtime h",
+        "alloc GiB",
+        "used GiB",
+        "headroom",
+    ):
         table.add_column(col, justify="left" if col in ("gpu", "parallel", "prec") else "right")
     for i, p in enumerate(search.plans[:top], 1):
+        step = "-" if p.step_time_s is None else f"{p.step_time_s:.3f}"
+        runtime = "-" if p.est_runtime_s is None else f"{p.est_runtime_s / 3600:.1f}"
         table.add_row(str(i), p.gpu_type, str(p.num_gpus), _parallel_text(p.parallel.to_dict()),
-                      str(p.micro_batch_size), p.precision, _gib(p.peak_allocated_bytes), _gib(p.device_used_bytes),
-                      _gib(p.capacity_bytes),
+                      str(p.micro_batch_size), p.precision, step, runtime, _gib(p.peak_allocated_bytes),
+                      _gib(p.device_used_bytes),
                       f"{100 * p.headroom_bytes / p.capacity_bytes:.0f}%")  # fmt: skip
     return table
 
@@ -225,7 +239,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     def render(console: Console) -> None:
         console.print(f"scenario {scenario.name} on cluster {scenario.cluster.name} ({scenario.cluster.num_gpus} GPUs)")
-        table = Table(title="Best plan per job (memory-feasible, fewest GPUs first until the step-time model lands)")
+        table = Table(title="Fastest memory-feasible plan per job (predicted step time)")
         for col in ("job", "arrival s", "plans", "best plan", "min GPUs per type"):
             table.add_column(col)
         for r in results:

@@ -42,6 +42,7 @@ from frenzy_opt.marp.predictor import (
 from frenzy_opt.marp.stages import chunk_layer_counts, in_flight_layer_microbatches
 from frenzy_opt.models.arch import ModelArch
 from frenzy_opt.spec import JobSpec, ParallelConfig, TrainingConfig
+from frenzy_opt.steptime import Links, StepTimeModel, step_terms_of
 
 MICRO_BATCH_CHOICES = (1, 2, 4, 8, 16)
 RECOMPUTE_ORDER = ("none", "selective", "full")
@@ -234,6 +235,12 @@ class _PeakCache:
         self._base = training
         self._models: dict[tuple[object, ...], dict[int, StageModel]] = {}
 
+    def training(self, micro_batch_size: int) -> TrainingConfig:
+        training = self._training.get(micro_batch_size)
+        if training is None:
+            training = self._training[micro_batch_size] = replace(self._base, micro_batch_size=micro_batch_size)
+        return training
+
     def allocated(self, p: ParallelConfig, micro_batch_size: int, capacity: int) -> int:
         """Peak allocated bytes over the stages that can hold the peak, or a first-stage figure already
         above ``capacity`` bytes (then the candidate fits nowhere and the exact peak does not matter)."""
@@ -254,18 +261,23 @@ class _PeakCache:
         for stage in peak_stages(p.pp):
             model = models.get(stage)
             if model is None:
-                training = self._training.get(micro_batch_size)
-                if training is None:
-                    training = self._training[micro_batch_size] = replace(self._base, micro_batch_size=micro_batch_size)
-                model = models[stage] = stage_model_of(self._arch, training, p, stage)
+                model = models[stage] = stage_model_of(self._arch, self.training(micro_batch_size), p, stage)
             best = max(best, model.allocated_bytes(p.dp))
             if best > capacity:
                 break
         return best
 
 
+DEFAULT_STEP_MODEL = StepTimeModel()
+
+
 def enumerate_plans(
-    job: JobSpec, cluster: ClusterSpec, *, cuda: CudaTerms | None = DEFAULT_CUDA, prune: bool = True
+    job: JobSpec,
+    cluster: ClusterSpec,
+    *,
+    cuda: CudaTerms | None = DEFAULT_CUDA,
+    step_model: StepTimeModel = DEFAULT_STEP_MODEL,
+    prune: bool = True,
 ) -> PlanSearch:
     """Every memory-feasible plan of ``job`` on each GPU type of ``cluster``, ranked (see :func:`rank_plans`).
 
@@ -293,6 +305,7 @@ def enumerate_plans(
         labels = {gpu.name: effective_precision(gpu, job.training.precision) for gpu in gpus}
         capacity = max(gpu.memory_bytes for gpu in gpus)
         by_link = _by_link(gpus)
+        links = {gpu.name: _links(cluster, gpu) for gpu in gpus}
         for shape in _shapes(job, gpus_per_node, max_gpus):
             # Feasibility search: nothing above the largest GPU matters. Minimum search (no plan anywhere):
             # nothing above the least footprint found so far does (branch and bound).
@@ -308,12 +321,17 @@ def enumerate_plans(
                 for parallel in _configs_at(job, shape, dp):
                     allocated = cache.allocated(parallel, shape.micro_batch_size, limit)
                     evaluated += 1
+                    terms = None
                     for link_gpus in by_link:
                         reserved, used = cuda_totals(allocated, parallel, cuda, link_gpus[0])
                         min_device = used if min_device is None else min(min_device, used)
                         for gpu in link_gpus:  # largest memory first
                             if used > gpu.memory_bytes:
                                 break
+                            if terms is None:
+                                terms = step_terms_of(job.model, cache.training(shape.micro_batch_size), parallel)
+                            link = links[gpu.name][parallel.num_gpus > gpus_per_node]
+                            seconds = terms.evaluate(gpu, link, step_model).total_s
                             plans.append(
                                 Plan(
                                     gpu_type=gpu.name,
@@ -325,6 +343,8 @@ def enumerate_plans(
                                     peak_reserved_bytes=reserved,
                                     device_used_bytes=used,
                                     capacity_bytes=gpu.memory_bytes,
+                                    step_time_s=seconds,
+                                    est_runtime_s=seconds * job.training.train_steps,
                                 )
                             )
                 exhausted = len(plans) == fits_before
@@ -363,6 +383,16 @@ def _lower_bound(job: JobSpec, shape: _Shape, dp: int) -> float:
     return terms.params * sum(layout.per_param(dp)) + in_flight * layers * acts.layer + loss
 
 
+def _links(cluster: ClusterSpec, gpu: GpuType) -> tuple[Links, Links]:
+    """(inside one node, across nodes) links of ``gpu`` in ``cluster``."""
+    group = next(g for g in cluster.node_groups if g.gpu.name == gpu.name)
+    one_node = Links.for_gpu(gpu, intra_node=group.intra_node)
+    across = Links.for_gpu(
+        gpu, inter_node_gbps=cluster.inter_node_gbps, gpus_per_node=group.gpus_per_node, intra_node=group.intra_node
+    )
+    return one_node, across
+
+
 def _by_link(gpus: list[GpuType]) -> list[list[GpuType]]:
     """GPUs split by intra-node link kind (NCCL's buffers depend on it, nothing else on the GPU does),
     largest memory first."""
@@ -373,9 +403,9 @@ def _by_link(gpus: list[GpuType]) -> list[list[GpuType]]:
 
 
 def rank_plans(plans: list[Plan]) -> list[Plan]:
-    """Best first: by predicted step time when known; else fewest GPUs, then the least recompute (full
-    recompute re-runs the forward pass, about a third more compute, Korthikanti et al. 2022, Sec. 5), then
-    the most memory headroom. A total order: equal keys are broken on the plan's own fields."""
+    """Best first: by predicted step time (None ranks as 0, before timed plans); then fewest GPUs, the least
+    recompute (full recompute re-runs the forward pass, about a third more compute, Korthikanti et al. 2022,
+    Sec. 5) and the most memory headroom. A total order: equal keys are broken on the plan's own fields."""
     return sorted(
         plans,
         key=lambda p: (

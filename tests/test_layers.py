@@ -1,4 +1,4 @@
-"""Imports point one way: catalogues/specs <- MARP <- plans <- validation/scenarios <- solvers <- API/CLI."""
+"""Imports point one way: catalogues/specs <- MARP, step time <- plans <- validation/scenarios <- solvers <- API/CLI."""
 
 from __future__ import annotations
 
@@ -20,6 +20,8 @@ LAYERS = {
     "frenzy_opt.spec": 1,
     "frenzy_opt.cluster": 2,
     "frenzy_opt.marp": 3,
+    "frenzy_opt.steptime": 3,
+    "frenzy_opt.calibration": 4,
     "frenzy_opt.plans": 4,
     "frenzy_opt.scenario": 4,
     "frenzy_opt.validation": 5,

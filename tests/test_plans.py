@@ -90,8 +90,10 @@ def test_minimum_gpus_per_type_and_ranking() -> None:
     search = enumerate_plans(_job("llama2-13b"), _cluster(("A100-SXM4-80GB", 4, 8), ("RTX-3090", 8, 4)))
     mins = search.min_gpus_per_type()
     assert mins["A100-SXM4-80GB"] < mins["RTX-3090"]  # 80 GiB vs 24 GiB per GPU
-    counts = [p.num_gpus for p in search.plans]
-    assert counts == sorted(counts)
+    times = [p.step_time_s for p in search.plans]
+    assert all(t is not None and t > 0 for t in times)
+    assert times == sorted(times)  # type: ignore[type-var]
+    assert all(p.est_runtime_s == pytest.approx(p.step_time_s * 1000) for p in search.plans)  # type: ignore[operator]
     assert rank_plans(list(reversed(search.plans))) == search.plans
 
 
