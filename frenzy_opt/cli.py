@@ -1,4 +1,4 @@
-"""The ``frenzy`` command line (contract 3): ``catalog``, ``predict``, ``plan`` and ``run``.
+"""The ``frenzy`` command line (contract 3): ``catalog``, ``predict``, ``plan``, ``solve`` and ``run``.
 
 Human-readable tables by default, ``--json`` for one JSON object on stdout. Exit codes: 0 ok; 2 bad input
 or a job that fits no GPU (message on stderr); 1 internal error.
@@ -10,17 +10,29 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
 from frenzy_opt.cluster import ClusterSpec
+from frenzy_opt.gantt import plot_schedule
 from frenzy_opt.gpus import load_gpus, lookup_gpu
 from frenzy_opt.marp.predictor import MemoryPrediction, predict_memory
 from frenzy_opt.models.catalog import load_catalog
 from frenzy_opt.plans import PlanSearch, enumerate_plans
+from frenzy_opt.problem import (
+    Schedule,
+    SchedulingProblem,
+    avg_jct_s,
+    build_problem,
+    check_schedule,
+    makespan_s,
+    objective,
+)
 from frenzy_opt.scenario import DEFAULT_SCENARIO, load_cluster_ref, load_scenario, resolve
+from frenzy_opt.solvers import make_solver
 from frenzy_opt.spec import JobSpec, load_job
 
 GIB = 2**30
@@ -257,6 +269,80 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- solve --------------------------------------------------------------------------------------------
+
+
+def schedule_payload(problem: SchedulingProblem, schedule: Schedule) -> dict[str, Any]:
+    names = {n.index: n.name for n in problem.topology.nodes}
+    payload: dict[str, Any] = {
+        "status": schedule.status,
+        "solve_time_s": schedule.solve_time_s,
+        "objective": objective(problem, schedule) if schedule.assignments else None,
+        "avg_jct_s": avg_jct_s(problem, schedule) if schedule.assignments else None,
+        "makespan_s": makespan_s(schedule) if schedule.assignments else None,
+        "schedule": [
+            {
+                "job": a.job,
+                "gpu_type": a.option.gpu_type,
+                "num_gpus": a.option.num_gpus,
+                "nodes": [names[n] for n in a.nodes],
+                "start_s": a.start_s,
+                "end_s": a.end_s,
+                "parallel": {**a.option.plan.parallel.to_dict(), "micro_batch_size": a.option.plan.micro_batch_size},
+            }
+            for a in sorted(schedule.assignments, key=lambda a: (a.start_s, a.job))
+        ],
+    }
+    if schedule.solver == "cpsat":
+        payload["bound"] = schedule.bound
+    return payload
+
+
+def cmd_solve(args: argparse.Namespace) -> int:
+    if args.time_limit <= 0 or args.workers < 1:
+        raise ValueError("--time-limit must be > 0 and --workers >= 1")
+    scenario = load_scenario(args.scenario)
+    problem = build_problem(scenario)
+    names = ["greedy", "cpsat"] if args.solver == "both" else [args.solver]
+    options = {"time_limit_s": args.time_limit, "workers": args.workers, "seed": args.seed}
+    schedules = {name: make_solver(name, **options).solve(problem) for name in names}
+    for name, schedule in schedules.items():
+        errors = check_schedule(problem, schedule) if schedule.assignments else []
+        if errors:  # a solver bug, never bad input
+            raise RuntimeError(f"{name} produced an invalid schedule: {'; '.join(errors[:3])}")
+    results = {name: schedule_payload(problem, s) for name, s in schedules.items()}
+    payload: dict[str, Any] = {"scenario": scenario.name, "cluster": scenario.cluster.name, "results": results}
+    if args.solver == "both" and results["cpsat"]["objective"]:
+        greedy, cpsat = results["greedy"], results["cpsat"]
+        payload["gap"] = greedy["avg_jct_s"] / cpsat["avg_jct_s"] - 1
+        payload["bound_gap"] = greedy["objective"] / cpsat["bound"] - 1 if cpsat["bound"] else None
+        payload["speedup"] = cpsat["solve_time_s"] / max(greedy["solve_time_s"], 1e-9)
+    if args.plot:
+        payload["plots"] = [
+            str(plot_schedule(problem, s, Path(args.plot) / f"gantt-{n}.png")) for n, s in schedules.items()
+        ]
+
+    def render(console: Console) -> None:
+        table = Table(title=f"{scenario.name} on {scenario.cluster.name}: {len(problem.jobs)} jobs")
+        for col in ("solver", "status", "solve s", "objective", "avg JCT h", "makespan h", "bound"):
+            table.add_column(col, justify="left" if col in ("solver", "status") else "right")
+        for name, r in results.items():
+            bound = r.get("bound")
+            table.add_row(name, r["status"], f"{r['solve_time_s']:.3f}", f"{r['objective'] or 0:,.0f}",
+                          f"{(r['avg_jct_s'] or 0) / 3600:.2f}", f"{(r['makespan_s'] or 0) / 3600:.2f}",
+                          "-" if bound is None else f"{bound:,.0f}")  # fmt: skip
+        console.print(table)
+        if "gap" in payload:
+            console.print(
+                f"greedy vs optimal: avg JCT gap {100 * payload['gap']:+.1f} %, CP-SAT {payload['speedup']:.0f}x slower"
+            )
+        for plot in payload.get("plots", []):
+            console.print(f"wrote {plot}")
+
+    _emit(args, payload, render)
+    return 0
+
+
 # --- entry point ---------------------------------------------------------------------------------------
 
 
@@ -280,6 +366,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("job", help="job spec file (YAML or JSON, contract 1) or a shipped job name")
     p.add_argument("--cluster", required=True, help="cluster file or shipped cluster name (contract 2)")
     p.add_argument("--top", type=int, default=10, help="how many plans to show (default 10)")
+    p = add("solve", "schedule a scenario's jobs with the greedy HAS, CP-SAT, or both", cmd_solve)
+    p.add_argument("scenario", help="scenario file or shipped name")
+    p.add_argument("--solver", choices=("greedy", "cpsat", "both"), default="both")
+    p.add_argument("--time-limit", type=float, default=30.0, help="CP-SAT time limit in seconds (default 30)")
+    p.add_argument("--workers", type=int, default=2, help="CP-SAT search workers (default 2)")
+    p.add_argument("--seed", type=int, default=0, help="CP-SAT random seed (default 0)")
+    p.add_argument("--plot", help="directory for a Gantt chart per solver (PNG)")
     p = add("run", "plan every job of a scenario (default: the embedded default scenario)", cmd_run)
     p.add_argument("scenario", nargs="?", default=DEFAULT_SCENARIO, help="scenario file or shipped name")
     p.add_argument("--top", type=int, default=3, help="plans kept per job in --json output (default 3)")

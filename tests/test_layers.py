@@ -19,14 +19,17 @@ LAYERS = {
     "frenzy_opt.gpus": 0,
     "frenzy_opt.spec": 1,
     "frenzy_opt.cluster": 2,
+    "frenzy_opt.topology": 2,
     "frenzy_opt.marp": 3,
     "frenzy_opt.steptime": 3,
     "frenzy_opt.calibration": 4,
     "frenzy_opt.plans": 4,
     "frenzy_opt.scenario": 4,
     "frenzy_opt.validation": 5,
+    "frenzy_opt.problem": 5,
     "frenzy_opt.solvers": 6,
     "frenzy_opt.api": 7,
+    "frenzy_opt.gantt": 7,
     "frenzy_opt.cli": 8,
 }
 
