@@ -40,8 +40,8 @@ def plot_schedule(problem: SchedulingProblem, schedule: Schedule, path: Path) ->
                 )
             middle = rows[node] + (slots[0] + slots[-1] + 1) / 2 if slots else rows[node]
             ax.text((a.start_s + a.end_s) / 7200, middle, a.job, ha="center", va="center", fontsize=6)
-    for node in problem.topology.nodes:
-        ax.axhline(rows[node.index], color="grey", linewidth=0.3)
+    for server in problem.topology.nodes:
+        ax.axhline(rows[server.index], color="grey", linewidth=0.3)
     ax.set_yticks([rows[n.index] + n.num_gpus / 2 for n in problem.topology.nodes])
     ax.set_yticklabels([n.name for n in problem.topology.nodes], fontsize=6)
     ax.set_xlabel("time (h)")
