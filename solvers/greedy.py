@@ -99,27 +99,37 @@ class GreedyState:
             done.append(run)
         return done
 
-    def _earliest_start(self, option: Option, now: float) -> float:
-        """When enough GPUs of the option's type free up for its placement, from the running jobs' ends."""
+    def _earliest_start(self, option: Option, now: float, memo: dict[tuple[str, int, int], float]) -> float:
+        """When enough GPUs of the option's type free up for its placement, from the running jobs' ends.
+        Memoised per decision on the placement shape (type, GPUs, whole nodes), which few options differ in;
+        the memo of a type is dropped when a job starts on it."""
+        key = (option.gpu_type, option.num_gpus, option.whole_nodes)
+        cached = memo.get(key)
+        if cached is not None:
+            return cached
         index = self.free[option.gpu_type]
         free = dict(index.free)
-        size = index.size
+        found = float("inf")
         for end, _, run in sorted(self.running):
             if self.problem.topology.nodes[run.nodes[0]].gpu.name != option.gpu_type:
                 continue
             for node in run.nodes:
                 free[node] += run.per_node
             if option.whole_nodes == 0:
-                if any(left >= option.num_gpus for left in free.values()):
-                    return max(end, now)
-            elif sum(1 for left in free.values() if left == size) >= option.whole_nodes:
-                return max(end, now)
-        return float("inf")
+                fits = any(left >= option.num_gpus for left in free.values())
+            else:
+                fits = sum(1 for left in free.values() if left == index.size) >= option.whole_nodes
+            if fits:
+                found = max(end, now)
+                break
+        memo[key] = found
+        return found
 
     def decide(self, now: float) -> list[Assignment]:
         """Start what should start now (module docstring)."""
         started: list[Assignment] = []
         reserved: dict[str, float] = {}
+        memo: dict[tuple[str, int, int], float] = {}
         order = sorted(self.queue.values(), key=lambda j: (-j.weight / j.fastest_s, j.arrival_s, j.id))
         for job in order:
             best: tuple[float, Option, tuple[int, ...] | None] | None = None
@@ -130,7 +140,7 @@ class GreedyState:
                 if nodes is not None and not blocked:
                     candidate = (now + option.duration_s, option, nodes)
                 else:
-                    candidate = (self._earliest_start(option, now) + option.duration_s, option, None)
+                    candidate = (self._earliest_start(option, now, memo) + option.duration_s, option, None)
                 if best is None or candidate[0] < best[0]:
                     best = candidate
             assert best is not None
@@ -143,6 +153,8 @@ class GreedyState:
             per_node = option.num_gpus if option.whole_nodes == 0 else option.num_gpus // option.whole_nodes
             for node in nodes:
                 self.free[option.gpu_type].change(node, -per_node)
+            for key in [k for k in memo if k[0] == option.gpu_type]:
+                del memo[key]
             self._push(_Running(end_s=end, job=job.id, nodes=nodes, per_node=per_node))
             del self.queue[job.id]
             started.append(Assignment(job=job.id, option=option, nodes=nodes, start_s=now, end_s=end))
