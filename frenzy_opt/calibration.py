@@ -26,14 +26,18 @@ communication seconds, so ``1/e`` is the one-parameter weighted least-squares so
 ``(measured - r) ~ c x (1/e)``: ``1/e = sum(w c (m - r)) / sum(w c^2)`` (the normal equation; the same fit
 as :func:`frenzy_opt.steptime.fit_efficiency`). ``weighting="absolute"`` (``w = 1``, fit_efficiency's
 criterion) minimises squared seconds and lets the slowest rows decide; the default ``"relative"``
-(``w = 1/m^2``) minimises squared relative errors, so a 5 ms and a 500 ms measurement count alike.
+(``w = 1/m^2``) minimises squared relative errors, so a 5 ms and a 500 ms measurement count alike. (For
+compute-only rows whose own efficiencies ``e_i = c_i / m_i`` differ, the two give ``e = sum(e_i^2) /
+sum(e_i)`` and ``e = sum(c_i^2) / sum(c_i^2 / e_i)``.)
 
 **Precision.** Sailor trains in fp32: neither ``profile_all.py`` nor its ``ds_config.json`` enables fp16 or
 bf16, and ``llm_info.json`` stores 4 bytes per parameter. The peak is therefore
 ``peak_tflops(gpu, "fp32")``: the TF32 tensor rate where the catalogue lists one (A100 156, RTX 3090 35.6),
 else the CUDA-core fp32 rate (V100 15.7, RTX 2080 Ti 13.4 TFLOP/s). The fitted efficiencies are fp32
 efficiencies; :class:`frenzy_opt.steptime.StepTimeModel` keeps one efficiency per GPU type for every
-precision, so :func:`calibrated_model` describes fp32 (TF32) training and is pessimistic for bf16/fp16.
+precision, so :func:`calibrated_model` describes fp32 (TF32) training only. Applied to bf16/fp16 jobs it is
+wrong both ways: on A100 a TF32 efficiency under-rates the bf16 tensor cores, while on V100 and RTX 2080 Ti,
+whose fp32 peak is the CUDA-core rate, an efficiency near the CUDA-core limit over-rates the fp16 tensor cores.
 
 **Exclusions** (stated rules, applied by :func:`select_for_fit`; every excluded row is returned with its
 reason, nothing is dropped silently):
@@ -41,8 +45,8 @@ reason, nothing is dropped silently):
 * ``TF32_OFF_RULE``: on a GPU whose fp32 peak is a TF32 tensor rate above its CUDA-core rate, a (model, GPU)
   profile none of whose rows reaches the CUDA-core fp32 peak ran with TF32 off (PyTorch >= 1.12 disables
   TF32 matmuls by default), i.e. at a different peak than the other profiles of that GPU. In the Sailor data
-  that is OPT-30 and LLAMA-3-8 on A100-40: 15-18 TFLOP/s, 0.8-0.92 of the 19.5 TFLOP/s CUDA-core peak, at
-  every micro-batch and tp, while OPT-350 and GPT-Neo-2.7 on the same GPU reach 24-71 TFLOP/s.
+  that is OPT-30 and LLAMA-3-8 on A100-40: 15-18 TFLOP/s, 0.79-0.92 of the 19.5 TFLOP/s CUDA-core peak, at
+  every micro-batch and tp, while the best rows of OPT-350 and GPT-Neo-2.7 on A100 reach 27-72 TFLOP/s.
 * ``TENSOR_PARALLEL_RULE``: rows with tp > 1 are not fitted. Their block time includes Megatron's
   tensor-parallel all-reduces on Sailor's machines, whose links (PCIe without peer-to-peer on the RTX
   servers) are far slower than the spec-sheet links the model assumes; fitting them would fold that
@@ -90,7 +94,7 @@ from frenzy_opt.gpus import GpuType, lookup_gpu
 from frenzy_opt.marp.layout import DTYPE_BYTES
 from frenzy_opt.models.arch import ModelArch, shard_param_counts
 from frenzy_opt.models.catalog import parse_model
-from frenzy_opt.steptime import Links, StepTimeModel, peak_tflops
+from frenzy_opt.steptime import LINK_EFFICIENCY, Links, StepTimeModel, peak_tflops
 
 SAILOR_DIR = "sailor-llm-profiles"
 """The Sailor profiles' folder inside the traces folder."""
@@ -193,7 +197,7 @@ class BlockMeasurement:
 
     model: str
     gpu: str
-    """Catalogue name of the GPU type."""
+    """GPU type; stored as its catalogue name (an alias is accepted and canonicalised)."""
     micro_batch_size: int
     """Sequences per micro-batch."""
     tp: int
@@ -222,7 +226,8 @@ class BlockMeasurement:
             raise ValueError(f"tp_bytes must be a non-negative finite number, got {self.tp_bytes!r}")
         if self.precision not in DTYPE_BYTES:
             raise ValueError(f"precision must be one of {', '.join(DTYPE_BYTES)}, got {self.precision!r}")
-        lookup_gpu(self.gpu)  # ValueError naming the catalogue for an unknown GPU
+        # Canonical catalogue name (aliases accepted); ValueError naming the catalogue for an unknown GPU.
+        object.__setattr__(self, "gpu", lookup_gpu(self.gpu).name)
 
     @property
     def achieved_tflops(self) -> float:
@@ -259,6 +264,8 @@ class GpuFit:
     efficiency: float
     """Achieved fraction of ``peak_tflops(gpu, precision)``."""
     predictions: tuple[Prediction, ...]
+    precision: str = SAILOR_PRECISION
+    """The number format the fitted measurements ran in: the efficiency is keyed to it in the model."""
 
     @property
     def mean_abs_error(self) -> float:
@@ -276,16 +283,19 @@ class Calibration:
     fits: tuple[GpuFit, ...]
     excluded: tuple[Exclusion, ...] = ()
     weighting: str = "relative"
+    link_efficiency: float = LINK_EFFICIENCY
+    """The link efficiency the fit assumed for the tensor-parallel communication."""
 
     @property
     def efficiencies(self) -> dict[str, float]:
         return {fit.gpu: fit.efficiency for fit in self.fits}
 
     def model(self, base: StepTimeModel | None = None) -> StepTimeModel:
-        """``base`` (default: a fresh :class:`StepTimeModel`) with the fitted efficiencies."""
-        model = base or StepTimeModel()
+        """``base`` (default: a :class:`StepTimeModel` with the fit's link efficiency) with the fitted
+        efficiencies."""
+        model = base or StepTimeModel(link_efficiency=self.link_efficiency)
         for fit in self.fits:
-            model = model.with_efficiency(fit.gpu, fit.efficiency)
+            model = model.with_efficiency(fit.gpu, fit.efficiency, precision=fit.precision)
         return model
 
 
@@ -342,7 +352,7 @@ def block_measurement(
     """A :class:`BlockMeasurement` with its FLOPs and bytes computed from ``arch``."""
     return BlockMeasurement(
         model=model,
-        gpu=lookup_gpu(gpu).name,
+        gpu=gpu,
         micro_batch_size=micro_batch_size,
         tp=tp,
         seq_len=seq_len,
@@ -369,7 +379,7 @@ def predict_block_s(m: BlockMeasurement, model: StepTimeModel, links: Links | No
     """Seconds the step-time model gives the block of ``m``: FLOPs at ``peak x efficiency`` plus the
     tensor-parallel all-reduces over ``links`` (default :meth:`Links.for_gpu`), not overlapped."""
     gpu, compute_at_one, comm = _terms(m, model, links)
-    return compute_at_one / model.efficiency_of(gpu) + comm
+    return compute_at_one / model.efficiency_of(gpu, m.precision) + comm
 
 
 def evaluate(
@@ -452,7 +462,9 @@ def calibrate(
         efficiency = fit_block_efficiency(rows, start, weighting=weighting)
         fitted = start.with_efficiency(gpu, efficiency)
         fits.append(GpuFit(gpu=gpu, efficiency=efficiency, predictions=tuple(evaluate(rows, fitted))))
-    return Calibration(fits=tuple(fits), excluded=tuple(excluded), weighting=weighting)
+    return Calibration(
+        fits=tuple(fits), excluded=tuple(excluded), weighting=weighting, link_efficiency=start.link_efficiency
+    )
 
 
 def select_for_fit(measurements: Iterable[BlockMeasurement]) -> tuple[list[BlockMeasurement], list[Exclusion]]:
@@ -488,7 +500,8 @@ def split_largest_micro_batch(
         key = (m.model, m.gpu, m.tp)
         largest[key] = max(largest.get(key, 0), m.micro_batch_size)
         sizes[key].add(m.micro_batch_size)
-    train, test = [], []
+    train: list[BlockMeasurement] = []
+    test: list[BlockMeasurement] = []
     for m in rows:
         key = (m.model, m.gpu, m.tp)
         held = len(sizes[key]) > 1 and m.micro_batch_size == largest[key]

@@ -112,15 +112,20 @@ class StepTimeModel:
     architecture default) and the collective link efficiency."""
 
     efficiency: dict[str, float] = field(default_factory=dict)
+    """Keyed ``"GPU@precision"`` (a fit for one number format) or ``"GPU"`` (any format)."""
     link_efficiency: float = LINK_EFFICIENCY
 
-    def efficiency_of(self, gpu: GpuType) -> float:
+    def efficiency_of(self, gpu: GpuType, precision: str | None = None) -> float:
+        """The fitted efficiency for ``precision`` if any, else for the GPU, else its architecture's default."""
+        if precision is not None and f"{gpu.name}@{precision}" in self.efficiency:
+            return self.efficiency[f"{gpu.name}@{precision}"]
         return self.efficiency.get(gpu.name, DEFAULT_EFFICIENCY.get(gpu.architecture, 0.5))
 
-    def with_efficiency(self, gpu_name: str, value: float) -> StepTimeModel:
+    def with_efficiency(self, gpu_name: str, value: float, precision: str | None = None) -> StepTimeModel:
         if not 0 < value <= 1:
             raise ValueError(f"efficiency of {gpu_name} must be in (0, 1], got {value}")
-        return StepTimeModel(efficiency={**self.efficiency, gpu_name: value}, link_efficiency=self.link_efficiency)
+        key = gpu_name if precision is None else f"{gpu_name}@{precision}"
+        return StepTimeModel(efficiency={**self.efficiency, key: value}, link_efficiency=self.link_efficiency)
 
     def step_time(self, job: JobSpec, gpu: GpuType, links: Links | None = None) -> StepTime:
         return step_time(job, gpu, links or Links.for_gpu(gpu), self)
@@ -194,7 +199,7 @@ class StepTerms:
     precision: str
 
     def evaluate(self, gpu: GpuType, links: Links, model: StepTimeModel) -> StepTime:
-        rate = peak_tflops(gpu, self.precision) * 1e12 * model.efficiency_of(gpu)
+        rate = peak_tflops(gpu, self.precision) * 1e12 * model.efficiency_of(gpu, self.precision)
         compute = self.flops_per_gpu / rate
         eff = model.link_efficiency * 1e9
         data_parallel = self.data_parallel_bytes / (links.data_parallel_gbs * eff)

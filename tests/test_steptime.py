@@ -108,3 +108,11 @@ def test_pipeline_bubble_shrinks_with_micro_batches_and_interleaving() -> None:
     assert bubble(64, 1) == pytest.approx(3 / 64)
     assert bubble(64, 2) == pytest.approx(3 / 128)
     assert bubble(256, 1) < bubble(64, 1)
+
+
+def test_efficiency_can_be_keyed_to_a_precision() -> None:
+    a100 = lookup_gpu("A100-SXM4-80GB")
+    model = StepTimeModel().with_efficiency(a100.name, 0.4, precision="fp32")
+    assert model.efficiency_of(a100, "fp32") == 0.4
+    assert model.efficiency_of(a100, "bf16") == StepTimeModel().efficiency_of(a100)  # the default still applies
+    assert model.with_efficiency(a100.name, 0.55).efficiency_of(a100, "bf16") == 0.55
