@@ -304,3 +304,34 @@ def test_console_script(tmp_path: Path) -> None:
     )
     assert failed.returncode == 2
     assert failed.stdout == "" and failed.stderr.startswith("frenzy: ")
+
+
+def test_solve_both_reports_optimum_gap_and_speedup(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    payload = run_json(capsys, "solve", "default", "--solver", "both", "--time-limit", "60", "--plot", str(tmp_path))
+    greedy, cpsat = payload["results"]["greedy"], payload["results"]["cpsat"]
+    for result in (greedy, cpsat):
+        for key in ("status", "solve_time_s", "objective", "avg_jct_s", "makespan_s", "schedule"):
+            assert key in result
+        jobs = {entry["job"] for entry in result["schedule"]}
+        assert jobs == {job.id for job in load_scenario().jobs}
+        for entry in result["schedule"]:
+            assert set(entry) >= {"job", "gpu_type", "num_gpus", "nodes", "start_s", "end_s", "parallel"}
+            assert entry["end_s"] > entry["start_s"]
+        # avg_jct_s x num_jobs = objective when every weight is 1; the default scenario has one weight 2.
+        assert result["objective"] >= result["avg_jct_s"] * len(result["schedule"])
+    assert cpsat["status"] == "OPTIMAL" and cpsat["bound"] == pytest.approx(cpsat["objective"])
+    assert cpsat["objective"] <= greedy["objective"]
+    assert payload["gap"] == pytest.approx(greedy["avg_jct_s"] / cpsat["avg_jct_s"] - 1)
+    assert payload["bound_gap"] == pytest.approx(greedy["objective"] / cpsat["bound"] - 1)
+    assert payload["speedup"] == pytest.approx(cpsat["solve_time_s"] / greedy["solve_time_s"])
+    assert sorted(Path(p).name for p in payload["plots"]) == ["gantt-cpsat.png", "gantt-greedy.png"]
+    assert all(Path(p).stat().st_size > 10_000 for p in payload["plots"])
+
+
+def test_solve_greedy_only_and_bad_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    payload = run_json(capsys, "solve", "default", "--solver", "greedy")
+    assert list(payload["results"]) == ["greedy"] and "gap" not in payload
+    code, _, err = run_cli(capsys, "solve", "default", "--time-limit", "0")
+    assert code == 2 and "--time-limit" in err
+    with pytest.raises(SystemExit):
+        main(["solve", "default", "--solver", "gurobi"])
