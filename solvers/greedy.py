@@ -130,11 +130,17 @@ class GreedyState:
         started: list[Assignment] = []
         reserved: dict[str, float] = {}
         memo: dict[tuple[str, int, int], float] = {}
+        # Where each placement shape fits now; like ``memo``, dropped for a type when a job starts on it.
+        fits: dict[tuple[str, int, int], tuple[int, ...] | None] = {}
         order = sorted(self.queue.values(), key=lambda j: (-j.weight / j.fastest_s, j.arrival_s, j.id))
         for job in order:
             best: tuple[float, Option, tuple[int, ...] | None] | None = None
             for option in job.options:
-                nodes = self.free[option.gpu_type].fit(option)
+                shape = (option.gpu_type, option.num_gpus, option.whole_nodes)
+                if shape in fits:
+                    nodes = fits[shape]
+                else:
+                    nodes = fits[shape] = self.free[option.gpu_type].fit(option)
                 blocked = option.gpu_type in reserved and now + option.duration_s > reserved[option.gpu_type]
                 candidate: tuple[float, Option, tuple[int, ...] | None]
                 if nodes is not None and not blocked:
@@ -153,8 +159,9 @@ class GreedyState:
             per_node = option.num_gpus if option.whole_nodes == 0 else option.num_gpus // option.whole_nodes
             for node in nodes:
                 self.free[option.gpu_type].change(node, -per_node)
-            for key in [k for k in memo if k[0] == option.gpu_type]:
-                del memo[key]
+            for cache in (memo, fits):
+                for key in [k for k in cache if k[0] == option.gpu_type]:
+                    del cache[key]
             self._push(_Running(end_s=end, job=job.id, nodes=nodes, per_node=per_node))
             del self.queue[job.id]
             started.append(Assignment(job=job.id, option=option, nodes=nodes, start_s=now, end_s=end))
