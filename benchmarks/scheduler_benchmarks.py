@@ -1,0 +1,790 @@
+"""Benchmarks of the schedulers: greedy HAS decision time, CP-SAT time to a proven optimum, greedy gap.
+
+Three benchmarks, one subcommand each (``all`` runs the three in turn); each writes one Markdown table
+file whose header records the command, the machine (platform, nproc, CPU model, Python, OR-Tools), the date
+and the load average.
+
+``decision`` -> ``greedy_decision_time.md``
+    Time of ONE call of :meth:`GreedyState.decide` against cluster size and queue length. Clusters of
+    ``--sizes`` GPUs (default 64, 256, 1,024, 2,048, 4,096) in 8-GPU NVLink nodes split as evenly as
+    possible over A100-SXM4-80GB / H100-SXM5-80GB / V100-SXM2-32GB (whole nodes; the remainder nodes go to
+    the first types). The cluster is made about half busy: random job options (of at most
+    ``--busy-max-gpus`` GPUs) are placed by the shared placement rule (best fit inside a node, whole free
+    nodes otherwise) until each GPU type is ~50 % used, and enter the problem as :class:`Busy` entries (one
+    per node held) running until ``now`` + a random remaining time. ``--queues`` jobs (default 32, 128,
+    512) have all arrived by ``now``. Each repetition builds a fresh :class:`GreedyState` and queue (not
+    timed) and times the ``decide(now)`` call alone, with the garbage collector paused around it. Reported
+    per (GPUs, queue): median, min and max ms over ``--repeats`` calls, and how many jobs the decision
+    started. Target from the issue: < 10 ms at 2,048 GPUs with 512 queued jobs (checked on the median).
+
+``cpsat`` -> ``cpsat_time_to_optimum.md``
+    CP-SAT (``make_solver("cpsat", time_limit_s=60, workers=2, seed=0)``, greedy hint on, as shipped) on
+    random instances of ``--jobs`` jobs (default 10, 20, 50) on the ``paper-3type`` cluster (2x8
+    A100-SXM4-80GB, 2x8 V100-SXM2-32GB, 4x4 RTX-3090), ``--seeds`` seeds each (default 5). Reported per
+    size: status counts, median/max CP-SAT solve time (its ``solve_time_s``: greedy hint + model build +
+    search), median/max relative gap ``objective / bound - 1`` of the non-optimal solves, the greedy's
+    solve time on the same instances (median of 5 runs each) and the speed-up cpsat time / greedy time. A
+    per-instance table follows.
+
+``gap`` -> ``greedy_gap.md``
+    Greedy vs the CP-SAT optimum on ``--instances`` (default 50) random instances of 6-10 jobs on
+    ``paper-3type`` (CP-SAT time limit 30 s). Per instance ``greedy avg JCT / cpsat avg JCT - 1`` and the
+    weighted objective gap, on the instances CP-SAT proved OPTIMAL (the others are counted). Reported: mean,
+    median, worst and the fraction within 5 % / 10 %. Goal from the issue: within 5 % on average and 10 %
+    worst. Every schedule (both solvers, every benchmark that solves) is checked with ``check_schedule``
+    (must be empty) and ``objective(cpsat) <= objective(greedy)`` is asserted.
+
+Instances (seeded: ``numpy.random.default_rng(seed)`` is passed down, no global seeding). Jobs are drawn
+from a pool of 16 templates: gpt3-350m, gpt3-1.3b, gpt3-2.7b, llama2-7b, mistral-7b, qwen2.5-0.5b,
+qwen2.5-7b and llama3-8b, each once at seq 2048 and once at seq 4096, with global batches 64-512 (bf16,
+Megatron, nothing pinned). A template's options are computed ONCE per cluster
+(``options_for(enumerate_plans(spec, cluster).plans, topology)`` with ``train_steps`` = 1000) and every job
+reuses them, its durations scaled by ``train_steps / 1000`` (``math.ceil``, whole seconds); a job draws
+``train_steps`` log-uniformly in 100-2000, so durations span minutes to tens of hours. Weight 2 with
+probability 0.2, else 1. Arrivals: instances with an even seed index all arrive at 0; the others follow a
+Poisson process of mean gap ``--mean-gap`` seconds (default 900, short enough against durations of hours
+on a 48-GPU cluster that queues form).
+
+Usage, from the repository root (the committed results were produced with ``all``)::
+
+    .venv/bin/python -P benchmarks/scheduler_benchmarks.py all --out-dir benchmarks/results
+    .venv/bin/python -P benchmarks/scheduler_benchmarks.py decision [--sizes 64,256,1024,2048,4096]
+        [--queues 32,128,512] [--repeats 15] [--busy-max-gpus 64] [--seed 0]
+    .venv/bin/python -P benchmarks/scheduler_benchmarks.py cpsat [--jobs 10,20,50] [--seeds 5]
+        [--time-limit 60] [--workers 2] [--solver-seed 0] [--mean-gap 900]
+    .venv/bin/python -P benchmarks/scheduler_benchmarks.py gap [--instances 50] [--min-jobs 6]
+        [--max-jobs 10] [--time-limit 30] [--workers 2] [--solver-seed 0] [--mean-gap 900]
+
+Run time on a 2-vCPU VM: ``decision`` about 1 min (mostly plan search for the 16 templates on five clusters),
+``cpsat`` about 13 min (every 20- and 50-job solve, and some 10-job ones, run to the 60 s limit: 5 seeds x
+3 sizes x 60 s is 15 min at worst), ``gap`` about 5-8 min (most instances solve in seconds; those that hit
+the 30 s limit dominate), so ``all`` takes about 20 min. ``cpsat --seeds 3`` or ``--time-limit 30``
+shortens it.
+
+``--out-dir`` (default ``benchmarks/results``) is where the Markdown files go; ``--quick`` shrinks every
+benchmark to a smoke test (seconds) and writes nowhere unless ``--out-dir`` is given. Progress goes to
+stderr. Timings on a busy shared VM vary by 2-4x from run to run: compare mins, rerun before concluding.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import gc
+import hashlib
+import importlib.metadata
+import math
+import os
+import platform
+import shlex
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from frenzy_opt.cluster import ClusterSpec, parse_cluster
+from frenzy_opt.plans import enumerate_plans
+from frenzy_opt.problem import (
+    Busy,
+    Option,
+    ProblemJob,
+    Schedule,
+    SchedulingProblem,
+    avg_jct_s,
+    check_schedule,
+    objective,
+    options_for,
+)
+from frenzy_opt.scenario import load_cluster_ref
+from frenzy_opt.solvers.base import make_solver
+from frenzy_opt.solvers.greedy import GreedyHAS, GreedyState
+from frenzy_opt.spec import parse_job
+from frenzy_opt.topology import Topology
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_OUT = REPO / "benchmarks" / "results"
+
+TEMPLATE_STEPS = 1000
+# (model, seq_len, global_batch_size): every model once at 2048 and once at 4096, batches 64-512.
+TEMPLATES: tuple[tuple[str, int, int], ...] = (
+    ("gpt3-350m", 2048, 512),
+    ("gpt3-350m", 4096, 128),
+    ("gpt3-1.3b", 2048, 256),
+    ("gpt3-1.3b", 4096, 64),
+    ("gpt3-2.7b", 2048, 128),
+    ("gpt3-2.7b", 4096, 256),
+    ("llama2-7b", 2048, 512),
+    ("llama2-7b", 4096, 64),
+    ("mistral-7b", 2048, 256),
+    ("mistral-7b", 4096, 128),
+    ("qwen2.5-0.5b", 2048, 64),
+    ("qwen2.5-0.5b", 4096, 512),
+    ("qwen2.5-7b", 2048, 128),
+    ("qwen2.5-7b", 4096, 256),
+    ("llama3-8b", 2048, 64),
+    ("llama3-8b", 4096, 512),
+)
+MIN_STEPS, MAX_STEPS = 100, 2000
+WEIGHT2_PROBABILITY = 0.2
+DECISION_TYPES = ("A100-SXM4-80GB", "H100-SXM5-80GB", "V100-SXM2-32GB")
+NODE_SIZE = 8
+DECISION_TARGET_MS = 10.0
+TARGET_GPUS, TARGET_QUEUE = 2048, 512
+PAPER_CLUSTER = "paper-3type"
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# --- machine header -------------------------------------------------------------------------------------
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _version(dist: str) -> str:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _load() -> str:
+    try:
+        return "/".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "n/a"
+
+
+SOURCES = (
+    "solvers/greedy.py",
+    "solvers/cpsat.py",
+    "frenzy_opt/problem.py",
+    "frenzy_opt/topology.py",
+    "frenzy_opt/plans.py",
+)
+
+
+def _source_hashes(sources: Sequence[str] = SOURCES) -> str:
+    """Short sha256 of the solver sources measured (the files change often; this pins what was run)."""
+    parts = []
+    for rel in sources:
+        try:
+            digest = hashlib.sha256((REPO / rel).read_bytes()).hexdigest()[:12]
+        except OSError:
+            digest = "missing"
+        parts.append(f"`{rel}` {digest}")
+    return ", ".join(parts)
+
+
+def header(title: str, command: str, started: str, load_start: str, wall_s: float, sources: str) -> list[str]:
+    nproc = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return [
+        f"# {title}",
+        "",
+        f"- Command: `{command}`",
+        f"- Machine: {platform.platform()}; nproc {nproc}; CPU {_cpu_model()}",
+        f"- Python {platform.python_version()} ({platform.python_implementation()}); "
+        f"ortools {_version('ortools')}; numpy {_version('numpy')}; frenzy-opt {_version('frenzy-opt')}",
+        f"- Date: {started}; 1/5/15-min load average at start / end: {load_start} / {_load()}; "
+        f"this benchmark took {wall_s:.0f} s",
+        f"- Sources measured (sha256, first 12 hex digits): {sources}",
+        "- The machine is a shared, noisy VM: compare medians and mins, and rerun before concluding.",
+        "",
+    ]
+
+
+def _now_utc() -> str:
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+# --- clusters, templates and jobs -----------------------------------------------------------------------
+
+
+def decision_cluster(size: int) -> ClusterSpec:
+    """``size`` GPUs in 8-GPU nodes split over :data:`DECISION_TYPES` (remainder nodes to the first types)."""
+    nodes = size // NODE_SIZE
+    share, extra = divmod(nodes, len(DECISION_TYPES))
+    groups = [
+        {"gpu": gpu, "num_nodes": share + (1 if i < extra else 0), "gpus_per_node": NODE_SIZE, "intra_node": "nvlink"}
+        for i, gpu in enumerate(DECISION_TYPES)
+        if share + (1 if i < extra else 0) > 0
+    ]
+    return parse_cluster({"name": f"bench-{size}", "node_groups": groups, "network": {"inter_node_gbps": 400}})
+
+
+@dataclasses.dataclass(frozen=True)
+class Template:
+    name: str
+    options: tuple[Option, ...]
+    """Options at :data:`TEMPLATE_STEPS` training steps."""
+
+
+def template_pool(cluster: ClusterSpec, topology: Topology) -> list[Template]:
+    """The templates that fit ``cluster``, each with its options computed once."""
+    pool = []
+    t0 = time.perf_counter()
+    for model, seq, gbs in TEMPLATES:
+        spec = parse_job(
+            {
+                "name": f"{model}-s{seq}-b{gbs}",
+                "model": model,
+                "training": {
+                    "seq_len": seq,
+                    "global_batch_size": gbs,
+                    "train_steps": TEMPLATE_STEPS,
+                    "precision": "bf16",
+                },
+            }
+        )
+        options = options_for(enumerate_plans(spec, cluster).plans, topology)
+        if options:
+            pool.append(Template(name=spec.name, options=options))
+    seconds = time.perf_counter() - t0
+    log(f"  {cluster.name}: {len(pool)}/{len(TEMPLATES)} templates fit ({seconds:.1f} s of plan search)")
+    if not pool:
+        raise RuntimeError(f"no template fits {cluster.name}")
+    return pool
+
+
+def scaled_options(template: Template, steps: int) -> tuple[Option, ...]:
+    """The template's options at ``steps`` training steps: durations x steps / template steps, whole seconds."""
+    ratio = steps / TEMPLATE_STEPS
+    out = []
+    for o in template.options:
+        runtime = (o.plan.est_runtime_s or o.duration_s) * ratio
+        out.append(
+            dataclasses.replace(
+                o,
+                duration_s=float(max(1, math.ceil(runtime))),
+                plan=dataclasses.replace(o.plan, est_runtime_s=runtime),
+            )
+        )
+    return tuple(out)
+
+
+def draw_job(rng: np.random.Generator, pool: Sequence[Template], job_id: str, arrival_s: float) -> ProblemJob:
+    template = pool[int(rng.integers(len(pool)))]
+    steps = round(math.exp(rng.uniform(math.log(MIN_STEPS), math.log(MAX_STEPS))))
+    weight = 2.0 if rng.random() < WEIGHT2_PROBABILITY else 1.0
+    return ProblemJob(
+        id=job_id,
+        arrival_s=float(math.ceil(arrival_s)),
+        weight=weight,
+        options=scaled_options(template, steps),
+    )
+
+
+def random_instance(
+    rng: np.random.Generator, pool: Sequence[Template], topology: Topology, num_jobs: int, mean_gap_s: float | None
+) -> SchedulingProblem:
+    """``num_jobs`` jobs, all arriving at 0 (``mean_gap_s`` None) or by a Poisson process of that mean gap."""
+    jobs = []
+    t = 0.0
+    for i in range(num_jobs):
+        if mean_gap_s is not None and i > 0:
+            t += float(rng.exponential(mean_gap_s))
+        jobs.append(draw_job(rng, pool, f"j{i:03d}", t))
+    return SchedulingProblem(topology=topology, jobs=tuple(jobs))
+
+
+# --- (a) greedy decision time ---------------------------------------------------------------------------
+
+
+def half_busy(
+    rng: np.random.Generator, pool: Sequence[Template], topology: Topology, now: float, max_gpus: int
+) -> tuple[tuple[Busy, ...], int]:
+    """Busy entries holding about half of every GPU type, from random job options placed by the shared rule.
+    Returns the entries and the number of jobs they stand for."""
+    busy: list[Busy] = []
+    jobs = 0
+    for gpu_type in topology.gpu_types:
+        nodes = topology.nodes_of(gpu_type)
+        free = {i: topology.nodes[i].num_gpus for i in nodes}
+        total = sum(free.values())
+        target = total // 2
+        options = [o for t in pool for o in t.options if o.gpu_type == gpu_type and o.num_gpus <= max_gpus]
+        if not options:
+            continue
+        misses = 0
+        while total - sum(free.values()) < target and misses < 200:
+            option = options[int(rng.integers(len(options)))]
+            if total - sum(free.values()) + option.num_gpus > target + NODE_SIZE:
+                misses += 1
+                continue
+            placed = topology.best_nodes(gpu_type, option.num_gpus, free)
+            if placed is None:
+                misses += 1
+                continue
+            per_node = option.num_gpus if option.whole_nodes == 0 else option.num_gpus // option.whole_nodes
+            steps = math.exp(rng.uniform(math.log(MIN_STEPS), math.log(MAX_STEPS)))
+            remaining = max(1.0, math.ceil(option.duration_s * steps / TEMPLATE_STEPS * rng.uniform(0.05, 1.0)))
+            for n in placed:
+                free[n] -= per_node
+                busy.append(Busy(node=n, num_gpus=per_node, until_s=now + remaining))
+            jobs += 1
+    return tuple(busy), jobs
+
+
+def bench_decision(args: argparse.Namespace) -> dict[str, Any]:
+    rows = []
+    now = 3600.0
+    for size in args.sizes:
+        cluster = decision_cluster(size)
+        t0 = time.perf_counter()
+        topology = Topology(cluster)
+        log(f"decision: cluster of {cluster.num_gpus} GPUs, topology built in {time.perf_counter() - t0:.1f} s")
+        pool = template_pool(cluster, topology)
+        for queue_len in args.queues:
+            rng = np.random.default_rng([args.seed, size, queue_len])
+            busy, busy_jobs = half_busy(rng, pool, topology, now, args.busy_max_gpus)
+            queue = tuple(draw_job(rng, pool, f"q{i:04d}", float(rng.uniform(0, now))) for i in range(queue_len))
+            problem = SchedulingProblem(topology=topology, jobs=queue, busy=busy)
+            used = sum(b.num_gpus for b in busy)
+            times_ms = []
+            started_counts = set()
+            for _ in range(args.repeats):
+                state = GreedyState(problem)
+                state.queue = {j.id: j for j in queue}
+                gc.collect()
+                gc.disable()
+                try:
+                    t0 = time.perf_counter()
+                    started = state.decide(now)
+                    elapsed = time.perf_counter() - t0
+                finally:
+                    gc.enable()
+                times_ms.append(elapsed * 1e3)
+                started_counts.add(len(started))
+            row = {
+                "gpus": cluster.num_gpus,
+                "queue": queue_len,
+                "busy_gpus": used,
+                "busy_entries": len(busy),
+                "busy_jobs": busy_jobs,
+                "started": sorted(started_counts),
+                "options": statistics.mean(len(j.options) for j in queue),
+                "median_ms": statistics.median(times_ms),
+                "min_ms": min(times_ms),
+                "max_ms": max(times_ms),
+            }
+            rows.append(row)
+            log(
+                f"  {row['gpus']} GPUs, queue {queue_len}: median {row['median_ms']:.2f} ms, "
+                f"min {row['min_ms']:.2f}, max {row['max_ms']:.2f} (started {row['started']})"
+            )
+    return {"rows": rows}
+
+
+def render_decision(result: dict[str, Any], args: argparse.Namespace) -> list[str]:
+    rows = result["rows"]
+    lines = [
+        f"One `GreedyState.decide(now)` call, {args.repeats} repetitions per row, each on a freshly built state "
+        "(state construction not timed; garbage collector paused during the call). Clusters: 8-GPU NVLink nodes "
+        f"split evenly over {', '.join(DECISION_TYPES)} (whole nodes, remainder to the first types), 400 Gb/s "
+        f"network. About half of every GPU type is busy: random job options of at most {args.busy_max_gpus} GPUs "
+        "placed by the shared placement rule, given to the problem as `Busy` entries (one per node held) "
+        "that end after `now`. The queue jobs have all arrived; they come from the 16-template pool with "
+        f"train steps {MIN_STEPS}-{MAX_STEPS}; `started` = jobs the decision started (few: once a job chooses to "
+        "wait for a GPU type, the greedy reserves that whole type from the job's estimated start, and later jobs "
+        "may only backfill it if they end before then).",
+        "",
+        f"Target from the issue: **< {DECISION_TARGET_MS:.0f} ms** per decision at {TARGET_GPUS:,} GPUs with "
+        f"{TARGET_QUEUE} queued jobs.",
+        "",
+        "| GPUs | queue | busy GPUs | busy entries (jobs) | mean options / job | started | median ms | min ms | "
+        "max ms | < 10 ms (median) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        ok = "yes" if r["median_ms"] < DECISION_TARGET_MS else "**no**"
+        started = "/".join(str(s) for s in r["started"])
+        lines.append(
+            f"| {r['gpus']:,} | {r['queue']} | {r['busy_gpus']:,} | {r['busy_entries']} ({r['busy_jobs']}) | "
+            f"{r['options']:.1f} | {started} | {r['median_ms']:.2f} | {r['min_ms']:.2f} | {r['max_ms']:.2f} | {ok} |"
+        )
+    lines.append("")
+    target = [r for r in rows if r["gpus"] == TARGET_GPUS and r["queue"] == TARGET_QUEUE]
+    if target:
+        r = target[0]
+        met = r["median_ms"] < DECISION_TARGET_MS
+        factor = "" if met else f", {r['median_ms'] / DECISION_TARGET_MS:.1f}x the target"
+        lines.append(
+            f"**Target {'met' if met else 'NOT met'}**: at {TARGET_GPUS:,} GPUs with {TARGET_QUEUE} queued jobs "
+            f"the decision took {r['median_ms']:.2f} ms median ({r['min_ms']:.2f} ms min, {r['max_ms']:.2f} ms max)"
+            f"{factor}."
+        )
+    else:
+        lines.append(f"The target row ({TARGET_GPUS:,} GPUs, {TARGET_QUEUE} jobs) was not run.")
+    lines.append("")
+    return lines
+
+
+# --- solving helpers ------------------------------------------------------------------------------------
+
+
+def checked(problem: SchedulingProblem, schedule: Schedule, what: str, problems_seen: list[str]) -> None:
+    errors = check_schedule(problem, schedule)
+    if errors:
+        message = f"{what}: check_schedule reported {len(errors)} violation(s): {errors[:3]}"
+        log("  !! " + message)
+        problems_seen.append(message)
+
+
+def solve_greedy(problem: SchedulingProblem, repeats: int) -> tuple[Schedule, list[float]]:
+    """The greedy schedule and its solve times over ``repeats`` runs (the schedule must not change)."""
+    times = []
+    first: Schedule | None = None
+    for _ in range(repeats):
+        schedule = GreedyHAS().solve(problem)
+        times.append(schedule.solve_time_s)
+        if first is None:
+            first = schedule
+        elif schedule.assignments != first.assignments:
+            raise RuntimeError("greedy is not deterministic on the same problem")
+    assert first is not None
+    return first, times
+
+
+def solve_cpsat(problem: SchedulingProblem, args: argparse.Namespace) -> Schedule:
+    solver = make_solver("cpsat", time_limit_s=args.time_limit, workers=args.workers, seed=args.solver_seed)
+    return solver.solve(problem)
+
+
+def instance_arrivals(index: int, mean_gap: float) -> float | None:
+    """Even instance indices: all jobs at 0; odd: Poisson arrivals."""
+    return None if index % 2 == 0 else mean_gap
+
+
+def compare(
+    problem: SchedulingProblem, greedy: Schedule, cpsat: Schedule, what: str, problems_seen: list[str]
+) -> dict[str, Any]:
+    checked(problem, greedy, f"{what} greedy", problems_seen)
+    if cpsat.assignments:
+        checked(problem, cpsat, f"{what} cpsat", problems_seen)
+    g_obj = objective(problem, greedy)
+    c_obj = objective(problem, cpsat) if cpsat.assignments else math.nan
+    if cpsat.assignments and c_obj > g_obj + 1e-6:
+        message = f"{what}: objective(cpsat) = {c_obj:.0f} > objective(greedy) = {g_obj:.0f}"
+        log("  !! " + message)
+        problems_seen.append(message)
+    if cpsat.bound is not None and cpsat.assignments and cpsat.bound > c_obj + 1e-6:
+        message = f"{what}: CP-SAT bound {cpsat.bound:.0f} > its objective {c_obj:.0f}"
+        log("  !! " + message)
+        problems_seen.append(message)
+    if cpsat.status == "OPTIMAL" and cpsat.bound is not None and abs(cpsat.bound - c_obj) > 1e-6 * max(1.0, c_obj):
+        message = f"{what}: OPTIMAL but bound {cpsat.bound:.1f} != objective {c_obj:.1f}"
+        log("  !! " + message)
+        problems_seen.append(message)
+    return {
+        "greedy_obj": g_obj,
+        "cpsat_obj": c_obj,
+        "greedy_jct": avg_jct_s(problem, greedy),
+        "cpsat_jct": avg_jct_s(problem, cpsat) if cpsat.assignments else math.nan,
+        "status": cpsat.status,
+        "bound": cpsat.bound,
+        "gap": (c_obj / cpsat.bound - 1) if cpsat.bound else math.nan,
+    }
+
+
+def _fmt_pct(x: float) -> str:
+    return "-" if math.isnan(x) else f"{100 * x:.2f} %"
+
+
+# --- (b) CP-SAT time to optimum -------------------------------------------------------------------------
+
+
+def bench_cpsat(args: argparse.Namespace) -> dict[str, Any]:
+    cluster = load_cluster_ref(PAPER_CLUSTER)
+    topology = Topology(cluster)
+    log(f"cpsat: {PAPER_CLUSTER}, {cluster.num_gpus} GPUs")
+    pool = template_pool(cluster, topology)
+    rows = []
+    problems_seen: list[str] = []
+    for num_jobs in args.jobs:
+        for s in range(args.seeds):
+            rng = np.random.default_rng([args.seed, num_jobs, s])
+            gap = instance_arrivals(s, args.mean_gap)
+            problem = random_instance(rng, pool, topology, num_jobs, gap)
+            greedy, g_times = solve_greedy(problem, 5)
+            cpsat = solve_cpsat(problem, args)
+            row = compare(problem, greedy, cpsat, f"{num_jobs} jobs seed {s}", problems_seen)
+            row.update(
+                jobs=num_jobs,
+                seed=s,
+                arrivals="all at 0" if gap is None else f"Poisson {gap:.0f} s",
+                cpsat_s=cpsat.solve_time_s,
+                greedy_s=statistics.median(g_times),
+            )
+            rows.append(row)
+            log(
+                f"  {num_jobs} jobs seed {s}: {cpsat.status} in {cpsat.solve_time_s:.1f} s, "
+                f"gap {_fmt_pct(row['gap'])}, greedy {1e3 * row['greedy_s']:.2f} ms, "
+                f"greedy/cpsat objective {row['greedy_obj'] / row['cpsat_obj']:.4f}"
+            )
+    return {"rows": rows, "problems": problems_seen}
+
+
+def render_cpsat(result: dict[str, Any], args: argparse.Namespace) -> list[str]:
+    rows = result["rows"]
+    lines = [
+        f"CP-SAT (`make_solver('cpsat', time_limit_s={args.time_limit:g}, workers={args.workers}, "
+        f"seed={args.solver_seed})`, greedy hint on) on random instances on `{PAPER_CLUSTER}` (2x8 "
+        f"A100-SXM4-80GB, 2x8 V100-SXM2-32GB, 4x4 RTX-3090), {args.seeds} seeds per size. Seeds with an even "
+        f"index have every job arriving at 0, odd ones Poisson arrivals of mean gap {args.mean_gap:g} s. "
+        "CP-SAT time = its `solve_time_s` (greedy hint + model build + search). Greedy time = `GreedyHAS` "
+        "`solve_time_s`, median of 5 runs per instance. Speed-up = CP-SAT time / greedy time (per instance, "
+        "then median). Gap = objective / bound - 1 (weighted JCT sum), over the non-optimal solves.",
+        "",
+        "| jobs | instances | OPTIMAL | FEASIBLE | other | CP-SAT median s | CP-SAT min s | CP-SAT max s | "
+        "gap median (non-opt.) | gap max (non-opt.) | greedy median ms | greedy min ms | greedy max ms | "
+        "speed-up median | speed-up min |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for n in args.jobs:
+        sub = [r for r in rows if r["jobs"] == n]
+        if not sub:
+            continue
+        opt = sum(r["status"] == "OPTIMAL" for r in sub)
+        feas = sum(r["status"] == "FEASIBLE" for r in sub)
+        c_times = [r["cpsat_s"] for r in sub]
+        g_times = [1e3 * r["greedy_s"] for r in sub]
+        speedups = [r["cpsat_s"] / r["greedy_s"] for r in sub]
+        gaps = [r["gap"] for r in sub if r["status"] != "OPTIMAL" and not math.isnan(r["gap"])]
+        lines.append(
+            f"| {n} | {len(sub)} | {opt} | {feas} | {len(sub) - opt - feas} | {statistics.median(c_times):.2f} | "
+            f"{min(c_times):.2f} | {max(c_times):.2f} | "
+            f"{_fmt_pct(statistics.median(gaps)) if gaps else '-'} | {_fmt_pct(max(gaps)) if gaps else '-'} | "
+            f"{statistics.median(g_times):.2f} | {min(g_times):.2f} | {max(g_times):.2f} | "
+            f"{statistics.median(speedups):,.0f}x | {min(speedups):,.0f}x |"
+        )
+    lines += [
+        "",
+        "Per instance (objectives are sum of weight x JCT in seconds; greedy / CP-SAT = the greedy's objective "
+        "over CP-SAT's best):",
+        "",
+        "| jobs | seed | arrivals | status | CP-SAT s | gap | CP-SAT objective | bound | greedy objective | "
+        "greedy / CP-SAT | greedy ms |",
+        "|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        bound = "-" if r["bound"] is None else f"{r['bound']:,.0f}"
+        lines.append(
+            f"| {r['jobs']} | {r['seed']} | {r['arrivals']} | {r['status']} | {r['cpsat_s']:.2f} | "
+            f"{_fmt_pct(r['gap']) if r['status'] != 'OPTIMAL' else '0'} | {r['cpsat_obj']:,.0f} | {bound} | "
+            f"{r['greedy_obj']:,.0f} | {r['greedy_obj'] / r['cpsat_obj']:.4f} | {1e3 * r['greedy_s']:.2f} |"
+        )
+    lines += ["", *_problem_lines(result["problems"]), ""]
+    return lines
+
+
+def _problem_lines(problems: list[str]) -> list[str]:
+    if not problems:
+        return [
+            "Checks: every schedule passed `check_schedule` (no violation), objective(CP-SAT) <= objective(greedy) "
+            "on every instance, CP-SAT's bound <= its objective, and bound = objective on every OPTIMAL solve."
+        ]
+    return ["**Check failures:**", "", *[f"- {p}" for p in problems]]
+
+
+# --- (c) greedy gap to the optimum ----------------------------------------------------------------------
+
+
+def bench_gap(args: argparse.Namespace) -> dict[str, Any]:
+    cluster = load_cluster_ref(PAPER_CLUSTER)
+    topology = Topology(cluster)
+    log(f"gap: {PAPER_CLUSTER}, {cluster.num_gpus} GPUs, {args.instances} instances")
+    pool = template_pool(cluster, topology)
+    rows = []
+    problems_seen: list[str] = []
+    for i in range(args.instances):
+        rng = np.random.default_rng([args.seed, 7, i])
+        num_jobs = int(rng.integers(args.min_jobs, args.max_jobs + 1))
+        gap = instance_arrivals(i, args.mean_gap)
+        problem = random_instance(rng, pool, topology, num_jobs, gap)
+        greedy, _ = solve_greedy(problem, 1)
+        cpsat = solve_cpsat(problem, args)
+        row = compare(problem, greedy, cpsat, f"instance {i}", problems_seen)
+        row.update(
+            instance=i,
+            jobs=num_jobs,
+            arrivals="all at 0" if gap is None else f"Poisson {gap:.0f} s",
+            cpsat_s=cpsat.solve_time_s,
+            weighted=any(j.weight != 1 for j in problem.jobs),
+            jct_gap=row["greedy_jct"] / row["cpsat_jct"] - 1 if cpsat.assignments else math.nan,
+            obj_gap=row["greedy_obj"] / row["cpsat_obj"] - 1 if cpsat.assignments else math.nan,
+        )
+        rows.append(row)
+        log(
+            f"  instance {i} ({num_jobs} jobs, {row['arrivals']}): {cpsat.status} in {cpsat.solve_time_s:.1f} s, "
+            f"JCT gap {_fmt_pct(row['jct_gap'])}, objective gap {_fmt_pct(row['obj_gap'])}"
+        )
+    return {"rows": rows, "problems": problems_seen}
+
+
+def _summary(values: list[float]) -> dict[str, float]:
+    return {
+        "mean": statistics.mean(values),
+        "median": statistics.median(values),
+        "worst": max(values),
+        "best": min(values),
+        "within5": sum(v <= 0.05 + 1e-12 for v in values) / len(values),
+        "within10": sum(v <= 0.10 + 1e-12 for v in values) / len(values),
+    }
+
+
+def render_gap(result: dict[str, Any], args: argparse.Namespace) -> list[str]:
+    rows = result["rows"]
+    optimal = [r for r in rows if r["status"] == "OPTIMAL"]
+    lines = [
+        f"{len(rows)} random instances of {args.min_jobs}-{args.max_jobs} jobs on `{PAPER_CLUSTER}`; even instance "
+        f"indices have every job arriving at 0, odd ones Poisson arrivals of mean gap {args.mean_gap:g} s. Weight 2 "
+        f"with probability {WEIGHT2_PROBABILITY}, else 1. CP-SAT: `time_limit_s={args.time_limit:g}`, "
+        f"`workers={args.workers}`, `seed={args.solver_seed}`, greedy hint on.",
+        "",
+        "JCT gap = greedy avg JCT / CP-SAT avg JCT - 1 (unweighted mean JCT, the issue's metric); objective gap = "
+        "greedy / CP-SAT sum of weight x JCT - 1 (the objective CP-SAT minimises: only this one is guaranteed "
+        ">= 0; the JCT gap can be negative on instances with weight-2 jobs). Both only over the instances "
+        "CP-SAT proved OPTIMAL.",
+        "",
+        f"CP-SAT status: {len(optimal)} OPTIMAL, {sum(r['status'] == 'FEASIBLE' for r in rows)} FEASIBLE "
+        f"(time limit hit, excluded), {len(rows) - len(optimal) - sum(r['status'] == 'FEASIBLE' for r in rows)} "
+        f"other. CP-SAT solve time (incl. hint and model build): median "
+        f"{statistics.median(r['cpsat_s'] for r in rows):.2f} s, max {max(r['cpsat_s'] for r in rows):.2f} s.",
+        "",
+        "Goal from the issue: greedy within **5 % on average** and **10 % worst** of the optimum.",
+        "",
+    ]
+    if optimal:
+        subsets = [("all OPTIMAL instances", optimal)]
+        subsets.append(("arrivals all at 0", [r for r in optimal if r["arrivals"] == "all at 0"]))
+        subsets.append(("Poisson arrivals", [r for r in optimal if r["arrivals"] != "all at 0"]))
+        subsets.append(("weights all 1", [r for r in optimal if not r["weighted"]]))
+        lines += [
+            "| instances | n | metric | mean | median | worst | best | within 5 % | within 10 % |",
+            "|---|---:|---|---:|---:|---:|---:|---:|---:|",
+        ]
+        for label, sub in subsets:
+            if not sub:
+                continue
+            for metric, key in (("JCT gap", "jct_gap"), ("objective gap", "obj_gap")):
+                s = _summary([r[key] for r in sub])
+                lines.append(
+                    f"| {label} | {len(sub)} | {metric} | {_fmt_pct(s['mean'])} | {_fmt_pct(s['median'])} | "
+                    f"{_fmt_pct(s['worst'])} | {_fmt_pct(s['best'])} | {100 * s['within5']:.0f} % | "
+                    f"{100 * s['within10']:.0f} % |"
+                )
+        s = _summary([r["jct_gap"] for r in optimal])
+        mean_ok, worst_ok = s["mean"] <= 0.05, s["worst"] <= 0.10
+        lines += [
+            "",
+            f"**Goal on the JCT gap: average {'met' if mean_ok else 'NOT met'}** ({_fmt_pct(s['mean'])} vs 5 %), "
+            f"**worst {'met' if worst_ok else 'NOT met'}** ({_fmt_pct(s['worst'])} vs 10 %).",
+        ]
+    lines += [
+        "",
+        "Per instance:",
+        "",
+        "| instance | jobs | arrivals | weights | status | CP-SAT s | greedy avg JCT s | CP-SAT avg JCT s | JCT gap | "
+        "objective gap |",
+        "|---:|---:|---|---|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['instance']} | {r['jobs']} | {r['arrivals']} | {'1 and 2' if r['weighted'] else 'all 1'} | "
+            f"{r['status']} | {r['cpsat_s']:.2f} | {r['greedy_jct']:,.0f} | {r['cpsat_jct']:,.0f} | "
+            f"{_fmt_pct(r['jct_gap'])} | {_fmt_pct(r['obj_gap'])} |"
+        )
+    lines += ["", *_problem_lines(result["problems"]), ""]
+    return lines
+
+
+# --- driver ---------------------------------------------------------------------------------------------
+
+BENCHES = {
+    "decision": ("Greedy HAS decision time", "greedy_decision_time.md", bench_decision, render_decision),
+    "cpsat": ("CP-SAT time to proven optimum", "cpsat_time_to_optimum.md", bench_cpsat, render_cpsat),
+    "gap": ("Greedy gap to the CP-SAT optimum", "greedy_gap.md", bench_gap, render_gap),
+}
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("bench", choices=[*BENCHES, "all"])
+    parser.add_argument("--out-dir", type=Path, default=None, help=f"default {DEFAULT_OUT} (none with --quick)")
+    parser.add_argument("--quick", action="store_true", help="smoke test: tiny sizes")
+    parser.add_argument("--seed", type=int, default=0, help="instance generation seed")
+    parser.add_argument("--mean-gap", type=float, default=900.0, help="Poisson mean inter-arrival gap, s")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--solver-seed", type=int, default=0)
+    parser.add_argument("--time-limit", type=float, default=None, help="CP-SAT limit, s (cpsat 60, gap 30)")
+    parser.add_argument("--sizes", type=_ints, default=[64, 256, 1024, 2048, 4096])
+    parser.add_argument("--queues", type=_ints, default=[32, 128, 512])
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--busy-max-gpus", type=int, default=64)
+    parser.add_argument("--jobs", type=_ints, default=[10, 20, 50])
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--instances", type=int, default=50)
+    parser.add_argument("--min-jobs", type=int, default=6)
+    parser.add_argument("--max-jobs", type=int, default=10)
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.sizes, args.queues, args.repeats = [64, 256], [32, 128], 3
+        args.jobs, args.seeds, args.instances = [6], 2, 4
+    elif args.out_dir is None:
+        args.out_dir = DEFAULT_OUT
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    command = shlex.join([".venv/bin/python", "-P", "benchmarks/scheduler_benchmarks.py", *sys.argv[1:]])
+    names = list(BENCHES) if args.bench == "all" else [args.bench]
+    base_limit = args.time_limit
+    failed = False
+    for name in names:
+        title, filename, bench, render = BENCHES[name]
+        args.time_limit = base_limit if base_limit is not None else (60.0 if name == "cpsat" else 30.0)
+        if args.quick and base_limit is None:
+            args.time_limit = 10.0
+        # The decision benchmark never runs CP-SAT; only the sources a benchmark runs are checked for changes.
+        files = [f for f in SOURCES if name != "decision" or f != "solvers/cpsat.py"]
+        started, load_start, sources, t0 = _now_utc(), _load(), _source_hashes(files), time.perf_counter()
+        result = bench(args)
+        wall_s = time.perf_counter() - t0
+        if _source_hashes(files) != sources:
+            log("  !! solver sources changed during the benchmark; its figures mix two versions")
+            sources += f" **(changed during the run; at the end: {_source_hashes(files)})**"
+        lines = header(title, command, started, load_start, wall_s, sources) + render(result, args)
+        failed = failed or bool(result.get("problems"))
+        text = "\n".join(lines)
+        if args.out_dir is not None:
+            args.out_dir.mkdir(parents=True, exist_ok=True)
+            (args.out_dir / filename).write_text(text, encoding="utf-8")
+            log(f"wrote {args.out_dir / filename} ({wall_s:.0f} s)")
+        else:
+            print(text)
+    if failed:
+        log("some schedule checks failed: see the result files")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
