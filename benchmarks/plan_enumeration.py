@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.metadata
 import json
 import os
 import platform
@@ -33,6 +32,8 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
+
+from frenzy_opt.machine import cpu_model, package_version
 
 TARGET_MS = 200.0
 NODE_SIZE = 8
@@ -155,23 +156,6 @@ def calibration_ms(rounds: int = 5) -> list[float]:
     return times
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
-def _version(dist: str) -> str:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
-
-
 def _gpu_count_cell(row: dict[str, Any]) -> str:
     counts = sorted(set(row["gpus_per_type"].values()))
     if len(counts) == 1:
@@ -190,9 +174,9 @@ def render(
         "micro-batch 1 (searched), bf16, Megatron, no pinned parallel fields, over the whole GPU catalogue.",
         "",
         f"- Command: `{command}`",
-        f"- Machine: {platform.platform()}; nproc {len(os.sched_getaffinity(0))}; CPU {_cpu_model()}",
+        f"- Machine: {platform.platform()}; nproc {len(os.sched_getaffinity(0))}; CPU {cpu_model()}",
         f"- Python {platform.python_version()} ({platform.python_implementation()}); "
-        f"torch {_version('torch')}; frenzy-opt {_version('frenzy-opt')}",
+        f"torch {package_version('torch')}; frenzy-opt {package_version('frenzy-opt')}",
         f"- Date: {now}; 1/5/15-min load average at start / end: {load}",
         f"- Target: warm median < {TARGET_MS:.0f} ms per call (from the issue: clusters up to 4,096 GPUs)",
         "",

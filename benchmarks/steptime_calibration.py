@@ -45,6 +45,7 @@ from frenzy_opt.calibration import (
     split_largest_micro_batch,
 )
 from frenzy_opt.gpus import lookup_gpu
+from frenzy_opt.machine import cpu_model
 from frenzy_opt.steptime import DEFAULT_EFFICIENCY, StepTimeModel, peak_tflops
 
 REPO = Path(__file__).resolve().parents[1]
@@ -60,16 +61,6 @@ def _by_gpu(rows: Sequence[Prediction]) -> dict[str, list[Prediction]]:
     for p in rows:
         out[p.measurement.gpu].append(p)
     return out
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def _rank(gpu: str) -> int:
@@ -98,7 +89,7 @@ def render(traces: Path, command: str, weighting: str) -> str:
         "# Step-time model calibration on Sailor's per-layer profiles",
         "",
         f"- Command: `{command}`",
-        f"- Machine: {platform.platform()}; nproc {len(os.sched_getaffinity(0))}; CPU {_cpu_model()}; "
+        f"- Machine: {platform.platform()}; nproc {len(os.sched_getaffinity(0))}; CPU {cpu_model()}; "
         f"Python {platform.python_version()}",
         f"- Date: {now}",
         f"- Data: `{folder}` (Sailor, Strati et al., SOSP 2025, github.com/eth-easl/sailor commit {commit}); "

@@ -17,6 +17,7 @@ FOLDERS = {
 LAYERS = {
     "frenzy_opt.models": 0,
     "frenzy_opt.gpus": 0,
+    "frenzy_opt.machine": 0,
     "frenzy_opt.spec": 1,
     "frenzy_opt.cluster": 2,
     "frenzy_opt.topology": 2,

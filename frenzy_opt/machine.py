@@ -1,0 +1,35 @@
+"""What machine a benchmark ran on: CPU model, package versions, load average (for result headers)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+from pathlib import Path
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (Linux), else what the platform module says."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def package_version(dist: str) -> str:
+    """The installed version of distribution ``dist``, or "not installed"."""
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def load_average() -> str:
+    """The 1/5/15-minute load averages as "a/b/c", or "n/a" where the OS has none."""
+    try:
+        return "/".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "n/a"
