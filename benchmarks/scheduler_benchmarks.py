@@ -306,7 +306,7 @@ def half_busy(
             if placed is None:
                 misses += 1
                 continue
-            per_node = option.num_gpus if option.whole_nodes == 0 else option.num_gpus // option.whole_nodes
+            per_node = option.gpus_per_node
             steps = math.exp(rng.uniform(math.log(MIN_STEPS), math.log(MAX_STEPS)))
             remaining = max(1.0, math.ceil(option.duration_s * steps / TEMPLATE_STEPS * rng.uniform(0.05, 1.0)))
             for n in placed:

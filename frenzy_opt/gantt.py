@@ -30,7 +30,7 @@ def plot_schedule(problem: SchedulingProblem, schedule: Schedule, path: Path) ->
     # When each GPU of each node is next free; a job takes the lowest-numbered GPUs free at its start.
     free_at = {n.index: [0.0] * n.num_gpus for n in problem.topology.nodes}
     for i, a in enumerate(sorted(schedule.assignments, key=lambda a: (a.start_s, a.job))):
-        per_node = a.option.num_gpus if a.option.whole_nodes == 0 else a.option.num_gpus // a.option.whole_nodes
+        per_node = a.option.gpus_per_node
         for node in a.nodes:
             slots = [k for k, t in enumerate(free_at[node]) if t <= a.start_s][:per_node]
             for k in slots:

@@ -32,6 +32,11 @@ class Option:
     duration_s: float
     plan: Plan
 
+    @property
+    def gpus_per_node(self) -> int:
+        """GPUs the option holds on each node it is placed on."""
+        return self.num_gpus if self.whole_nodes == 0 else self.num_gpus // self.whole_nodes
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ProblemJob:
@@ -177,7 +182,7 @@ def check_schedule(problem: SchedulingProblem, schedule: Schedule) -> list[str]:
         expected = a.option.whole_nodes or 1
         if len(set(a.nodes)) != expected:
             errors.append(f"{a.job}: on {len(set(a.nodes))} nodes, its placement rule takes {expected}")
-        per_node = a.option.num_gpus if a.option.whole_nodes == 0 else a.option.num_gpus // a.option.whole_nodes
+        per_node = a.option.gpus_per_node
         for n in set(a.nodes):
             events[n] += [(a.start_s, per_node), (a.end_s, -per_node)]
     for n, changes in events.items():

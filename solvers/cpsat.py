@@ -73,7 +73,7 @@ def build_model(problem: SchedulingProblem, hint: Schedule | None = None) -> tup
                 for n in topology.nodes_of(option.gpu_type)
                 if topology.nodes[n].num_gpus >= option.num_gpus or option.whole_nodes
             ]
-            per_node = option.num_gpus if option.whole_nodes == 0 else option.num_gpus // option.whole_nodes
+            per_node = option.gpus_per_node
             placed = []
             for n in nodes:
                 here = model.new_bool_var(f"on[{job.id},{k},{n}]")

@@ -156,7 +156,7 @@ class GreedyState:
                 if start != float("inf"):
                     reserved[option.gpu_type] = min(reserved.get(option.gpu_type, start), start)
                 continue
-            per_node = option.num_gpus if option.whole_nodes == 0 else option.num_gpus // option.whole_nodes
+            per_node = option.gpus_per_node
             for node in nodes:
                 self.free[option.gpu_type].change(node, -per_node)
             for cache in (memo, fits):

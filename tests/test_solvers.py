@@ -119,7 +119,7 @@ def _brute_force(problem: SchedulingProblem) -> float:
                     best = cost
                     continue
                 job, option = order[depth], options[depth]
-                per_node = option.num_gpus if option.whole_nodes == 0 else option.num_gpus // option.whole_nodes
+                per_node = option.gpus_per_node
                 nodes = topology.nodes_of(option.gpu_type)
                 choices = itertools.combinations(nodes, option.whole_nodes or 1)
                 for chosen in choices:
