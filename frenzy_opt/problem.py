@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from frenzy_opt.cluster import ClusterSpec
 from frenzy_opt.plans import Plan, enumerate_plans
 from frenzy_opt.scenario import Scenario
+from frenzy_opt.spec import JobSpec
 from frenzy_opt.topology import Topology
 
 
@@ -86,46 +88,115 @@ class Schedule:
     bound: float | None = None
 
 
-def options_for(plans: list[Plan], topology: Topology, max_options_per_type: int = 4) -> tuple[Option, ...]:
-    """The candidate :class:`Option` set of one job (module docstring)."""
-    by_type: dict[str, list[Plan]] = defaultdict(list)
+def best_per_count(plans: list[Plan], topology: Topology, *, round_up: bool = True) -> dict[tuple[str, int], Option]:
+    """The fastest plan for every (GPU type, GPU count) the placement rule admits, as options."""
+    best: dict[tuple[str, int], Plan] = {}
     for plan in plans:
-        if plan.est_runtime_s is not None and topology.nodes_needed(plan.gpu_type, plan.num_gpus) >= 0:
-            by_type[plan.gpu_type].append(plan)
+        if plan.est_runtime_s is None or topology.nodes_needed(plan.gpu_type, plan.num_gpus) < 0:
+            continue
+        key = (plan.gpu_type, plan.num_gpus)
+        if key not in best or plan.est_runtime_s < (best[key].est_runtime_s or 0.0):
+            best[key] = plan
+    return {
+        key: Option(
+            gpu_type=plan.gpu_type,
+            num_gpus=plan.num_gpus,
+            whole_nodes=topology.nodes_needed(plan.gpu_type, plan.num_gpus),
+            duration_s=float(math.ceil(plan.est_runtime_s or 0.0)) if round_up else plan.est_runtime_s or 0.0,
+            plan=plan,
+        )
+        for key, plan in sorted(best.items())
+    }
+
+
+def pareto_options(per_count: dict[tuple[str, int], Option], max_options_per_type: int = 4) -> tuple[Option, ...]:
+    """Per GPU type the options that beat every option with fewer GPUs, thinned to at most
+    ``max_options_per_type`` spread from the fewest GPUs to the fastest (module docstring)."""
+    by_type: dict[str, list[Option]] = defaultdict(list)
+    for (gpu_type, _), option in sorted(per_count.items()):
+        front = by_type[gpu_type]
+        if not front or option.duration_s < front[-1].duration_s:
+            front.append(option)
     options: list[Option] = []
-    for gpu_type, candidates in by_type.items():
-        fastest: dict[int, Plan] = {}
-        for plan in candidates:
-            best = fastest.get(plan.num_gpus)
-            if best is None or (plan.est_runtime_s or 0) < (best.est_runtime_s or 0):
-                fastest[plan.num_gpus] = plan
-        front: list[Plan] = []
-        for count in sorted(fastest):  # keep a plan only if it beats every plan with fewer GPUs
-            if not front or (fastest[count].est_runtime_s or 0) < (front[-1].est_runtime_s or 0):
-                front.append(fastest[count])
+    for front in by_type.values():
         if len(front) > max_options_per_type:
             step = (len(front) - 1) / (max_options_per_type - 1)
             front = [front[round(i * step)] for i in range(max_options_per_type)]
-        for plan in front:
-            options.append(
-                Option(
-                    gpu_type=gpu_type,
-                    num_gpus=plan.num_gpus,
-                    whole_nodes=topology.nodes_needed(gpu_type, plan.num_gpus),
-                    duration_s=float(math.ceil(plan.est_runtime_s or 0.0)),
-                    plan=plan,
-                )
-            )
+        options += front
     return tuple(options)
 
 
-def build_problem(scenario: Scenario, *, max_options_per_type: int = 4) -> SchedulingProblem:
+def options_for(
+    plans: list[Plan], topology: Topology, max_options_per_type: int = 4, *, round_up: bool = True
+) -> tuple[Option, ...]:
+    """The candidate :class:`Option` set of one job (module docstring); ``round_up=False`` keeps the
+    plans' exact runtimes (for :class:`OptionCache`, which rounds after rescaling)."""
+    return pareto_options(best_per_count(plans, topology, round_up=round_up), max_options_per_type)
+
+
+class OptionCache:
+    """Candidate options per job, computed once per distinct job shape.
+
+    A plan's runtime is its step time x ``train_steps`` (:func:`frenzy_opt.plans.enumerate_plans`) and
+    the Pareto front and its thinning only compare runtimes of one job, so they do not depend on the step
+    count: jobs that differ only in name and steps share one plan search, and each gets the shared options
+    with durations rescaled. Workloads of tens of thousands of jobs built from a few dozen model/config
+    templates need a few dozen searches, not one per job.
+    """
+
+    def __init__(self, cluster: ClusterSpec, topology: Topology, max_options_per_type: int = 4) -> None:
+        self.cluster = cluster
+        self.topology = topology
+        self.max_options_per_type = max_options_per_type
+        self._searches: dict[tuple[object, ...], tuple[dict[tuple[str, int], Option], tuple[Option, ...]]] = {}
+
+    def _search(self, spec: JobSpec) -> tuple[dict[tuple[str, int], Option], tuple[Option, ...]]:
+        t = spec.training
+        # Everything but the name and the step count (a tuple: cheaper to build than a new JobSpec).
+        key = (spec.model, spec.parallel, spec.pinned, t.seq_len, t.micro_batch_size, t.global_batch_size)
+        key += (t.precision, t.optimizer, t.runtime)
+        found = self._searches.get(key)
+        if found is None:
+            one_step = replace(spec, name="", training=replace(t, train_steps=1))
+            per_count = best_per_count(enumerate_plans(one_step, self.cluster).plans, self.topology, round_up=False)
+            found = self._searches[key] = (per_count, pareto_options(per_count, self.max_options_per_type))
+        return found
+
+    def per_step(self, spec: JobSpec) -> tuple[Option, ...]:
+        """The candidate options of ``spec`` for one training step (durations not rounded)."""
+        return self._search(spec)[1]
+
+    def per_count(self, spec: JobSpec) -> dict[tuple[str, int], Option]:
+        """The fastest one-step option of ``spec`` for every admissible (GPU type, GPU count); shared, do
+        not modify."""
+        return self._search(spec)[0]
+
+    def options(self, spec: JobSpec) -> tuple[Option, ...]:
+        """Options of ``spec`` with durations for its ``train_steps`` (whole seconds)."""
+        steps = spec.training.train_steps
+        return tuple(scale_option(o, steps) for o in self.per_step(spec))
+
+
+def scale_option(per_step: Option, steps: float) -> Option:
+    """The option of a one-step job stretched to ``steps`` steps (duration rounded up to whole seconds)."""
+    runtime = (per_step.plan.step_time_s or 0.0) * steps
+    return replace(
+        per_step,
+        duration_s=float(math.ceil(runtime)),
+        plan=replace(per_step.plan, est_runtime_s=runtime),
+    )
+
+
+def build_problem(
+    scenario: Scenario, *, max_options_per_type: int = 4, cache: OptionCache | None = None
+) -> SchedulingProblem:
     """The problem of a scenario: every job's options on the scenario's cluster. ``ValueError`` names a job
     that fits nowhere."""
-    topology = Topology(scenario.cluster)
+    if cache is None:
+        cache = OptionCache(scenario.cluster, Topology(scenario.cluster), max_options_per_type)
     jobs = []
     for job in scenario.jobs:
-        options = options_for(enumerate_plans(job.spec, scenario.cluster).plans, topology, max_options_per_type)
+        options = cache.options(job.spec)
         if not options:
             raise ValueError(
                 f"job {job.id}: no memory-feasible plan fits the placement rules of {scenario.cluster.name}"
@@ -133,7 +204,7 @@ def build_problem(scenario: Scenario, *, max_options_per_type: int = 4) -> Sched
         jobs.append(
             ProblemJob(id=job.id, arrival_s=float(math.ceil(job.arrival_s)), weight=job.weight, options=options)
         )
-    return SchedulingProblem(topology=topology, jobs=tuple(jobs))
+    return SchedulingProblem(topology=cache.topology, jobs=tuple(jobs))
 
 
 # --- metrics and checks --------------------------------------------------------------------------------

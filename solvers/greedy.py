@@ -19,6 +19,7 @@ end time: a decision never rescans the whole cluster.
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import time
 from dataclasses import dataclass, field
@@ -34,6 +35,8 @@ class _Running:
     job: str
     nodes: tuple[int, ...]
     per_node: int
+    gpu_type: str = ""
+    released: bool = False
 
 
 class _FreeIndex:
@@ -67,6 +70,47 @@ class _FreeIndex:
         return tuple(sorted(empty)[: option.whole_nodes])
 
 
+class _Horizon:
+    """When a placement shape of one GPU type can start: the type's running jobs in end order and, after
+    each end, the largest free block on one node and the number of wholly free nodes (both only grow, so a
+    shape's earliest start is a binary search). Extended lazily: a decision walks only as far as its
+    queries need."""
+
+    def __init__(self, index: _FreeIndex, runs: list[tuple[float, int, _Running]]) -> None:
+        self.index, self.runs, self.pos = index, runs, 0
+        self.freed: dict[int, int] = {}
+        self.block = max((left for left in range(index.size + 1) if index.buckets[left]), default=0)
+        self.whole = len(index.buckets[index.size])
+        self.ends: list[float] = []
+        self.blocks: list[int] = []
+        self.wholes: list[int] = []
+
+    def _extend(self) -> None:
+        end, _, run = self.runs[self.pos]
+        self.pos += 1
+        for node in run.nodes:
+            after = self.freed[node] = self.freed.get(node, self.index.free[node]) + run.per_node
+            self.block = max(self.block, after)
+            if after == self.index.size:
+                self.whole += 1
+        self.ends.append(end)
+        self.blocks.append(self.block)
+        self.wholes.append(self.whole)
+
+    def earliest(self, option: Option, now: float) -> float:
+        """The end after which the option's placement fits (at least ``now``); inf if never. Like the
+        rescan it replaces, an option that fits already (blocked by a reservation) gets the first end."""
+        values, need = (self.blocks, option.num_gpus) if option.whole_nodes == 0 else (self.wholes, option.whole_nodes)
+        i = bisect.bisect_left(values, need)
+        if i < len(values):
+            return max(self.ends[i], now)
+        while self.pos < len(self.runs):
+            self._extend()
+            if values[-1] >= need:
+                return max(self.ends[-1], now)
+        return float("inf")
+
+
 @dataclass
 class GreedyState:
     """The online scheduler's state: free GPUs, running jobs, the queue."""
@@ -75,6 +119,7 @@ class GreedyState:
     free: dict[str, _FreeIndex] = field(init=False)
     running: list[tuple[float, int, _Running]] = field(default_factory=list)
     queue: dict[str, ProblemJob] = field(default_factory=dict)
+    by_job: dict[str, _Running] = field(default_factory=dict)
     _seq: int = 0
 
     def __post_init__(self) -> None:
@@ -84,53 +129,71 @@ class GreedyState:
             self.free[gpu_type].change(busy.node, -busy.num_gpus)
             self._push(_Running(end_s=busy.until_s, job="", nodes=(busy.node,), per_node=busy.num_gpus))
 
-    def _push(self, run: _Running) -> None:
+    def _push(self, run: _Running) -> tuple[float, int, _Running]:
         self._seq += 1
-        heapq.heappush(self.running, (run.end_s, self._seq, run))
+        run.gpu_type = self.problem.topology.nodes[run.nodes[0]].gpu.name
+        entry = (run.end_s, self._seq, run)
+        heapq.heappush(self.running, entry)
+        if run.job:
+            self.by_job[run.job] = run
+        return entry
+
+    def hold(self, key: str, node: int, num_gpus: int, until_s: float) -> None:
+        """Take ``num_gpus`` of ``node`` until about ``until_s`` (a node down for repair), under ``key``."""
+        gpu_type = self.problem.topology.nodes[node].gpu.name
+        self.free[gpu_type].change(node, -num_gpus)
+        self._push(_Running(end_s=until_s, job=key, nodes=(node,), per_node=num_gpus))
+
+    def release(self, key: str) -> None:
+        """Give back what job (or hold) ``key`` holds, whenever it really ended (the simulator's and the
+        orchestrator's way; :meth:`complete_until` is the replay's)."""
+        run = self.by_job.pop(key)
+        run.released = True
+        gpu_type = self.problem.topology.nodes[run.nodes[0]].gpu.name
+        for node in run.nodes:
+            self.free[gpu_type].change(node, run.per_node)
+        while self.running and self.running[0][2].released:
+            heapq.heappop(self.running)
 
     def complete_until(self, now: float) -> list[_Running]:
         """Release every job ending at or before ``now``."""
         done = []
         while self.running and self.running[0][0] <= now:
             _, _, run = heapq.heappop(self.running)
+            if run.released:
+                continue
+            self.by_job.pop(run.job, None)
             gpu_type = self.problem.topology.nodes[run.nodes[0]].gpu.name
             for node in run.nodes:
                 self.free[gpu_type].change(node, run.per_node)
             done.append(run)
         return done
 
-    def _earliest_start(self, option: Option, now: float, memo: dict[tuple[str, int, int], float]) -> float:
-        """When enough GPUs of the option's type free up for its placement, from the running jobs' ends.
-        Memoised per decision on the placement shape (type, GPUs, whole nodes), which few options differ in;
-        the memo of a type is dropped when a job starts on it."""
-        key = (option.gpu_type, option.num_gpus, option.whole_nodes)
-        cached = memo.get(key)
-        if cached is not None:
-            return cached
-        index = self.free[option.gpu_type]
-        free = dict(index.free)
-        found = float("inf")
-        for end, _, run in sorted(self.running):
-            if self.problem.topology.nodes[run.nodes[0]].gpu.name != option.gpu_type:
-                continue
-            for node in run.nodes:
-                free[node] += run.per_node
-            if option.whole_nodes == 0:
-                fits = any(left >= option.num_gpus for left in free.values())
-            else:
-                fits = sum(1 for left in free.values() if left == index.size) >= option.whole_nodes
-            if fits:
-                found = max(end, now)
-                break
-        memo[key] = found
-        return found
+    def _horizon(
+        self,
+        gpu_type: str,
+        horizons: dict[str, _Horizon],
+        ends: dict[str, list[tuple[float, int, _Running]]],
+    ) -> _Horizon:
+        """The type's :class:`_Horizon` for this decision; its running jobs are sorted by end once per
+        decision (jobs started during the decision are inserted) and the horizon is rebuilt after a start."""
+        horizon = horizons.get(gpu_type)
+        if horizon is None:
+            runs = ends.get(gpu_type)
+            if runs is None:
+                runs = ends[gpu_type] = sorted(
+                    e for e in self.running if not e[2].released and e[2].gpu_type == gpu_type
+                )
+            horizon = horizons[gpu_type] = _Horizon(self.free[gpu_type], runs)
+        return horizon
 
     def decide(self, now: float) -> list[Assignment]:
         """Start what should start now (module docstring)."""
         started: list[Assignment] = []
         reserved: dict[str, float] = {}
-        memo: dict[tuple[str, int, int], float] = {}
-        # Where each placement shape fits now; like ``memo``, dropped for a type when a job starts on it.
+        horizons: dict[str, _Horizon] = {}
+        ends: dict[str, list[tuple[float, int, _Running]]] = {}
+        # Where each placement shape fits now; like ``horizons``, dropped for a type when a job starts on it.
         fits: dict[tuple[str, int, int], tuple[int, ...] | None] = {}
         order = sorted(self.queue.values(), key=lambda j: (-j.weight / j.fastest_s, j.arrival_s, j.id))
         for job in order:
@@ -146,7 +209,8 @@ class GreedyState:
                 if nodes is not None and not blocked:
                     candidate = (now + option.duration_s, option, nodes)
                 else:
-                    candidate = (self._earliest_start(option, now, memo) + option.duration_s, option, None)
+                    horizon = self._horizon(option.gpu_type, horizons, ends)
+                    candidate = (horizon.earliest(option, now) + option.duration_s, option, None)
                 if best is None or candidate[0] < best[0]:
                     best = candidate
             assert best is not None
@@ -159,10 +223,12 @@ class GreedyState:
             per_node = option.gpus_per_node
             for node in nodes:
                 self.free[option.gpu_type].change(node, -per_node)
-            for cache in (memo, fits):
-                for key in [k for k in cache if k[0] == option.gpu_type]:
-                    del cache[key]
-            self._push(_Running(end_s=end, job=job.id, nodes=nodes, per_node=per_node))
+            horizons.pop(option.gpu_type, None)
+            for key in [k for k in fits if k[0] == option.gpu_type]:
+                del fits[key]
+            entry = self._push(_Running(end_s=end, job=job.id, nodes=nodes, per_node=per_node))
+            if option.gpu_type in ends:
+                bisect.insort(ends[option.gpu_type], entry)
             del self.queue[job.id]
             started.append(Assignment(job=job.id, option=option, nodes=nodes, start_s=now, end_s=end))
         return started
