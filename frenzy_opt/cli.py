@@ -1,4 +1,5 @@
-"""The ``frenzy`` command line (contract 3): ``catalog``, ``predict``, ``plan``, ``solve`` and ``run``.
+"""The ``frenzy`` command line (contract 3): ``catalog``, ``predict``, ``plan``, ``solve``, ``simulate``,
+``compare`` and ``run``.
 
 Human-readable tables by default, ``--json`` for one JSON object on stdout. Exit codes: 0 ok; 2 bad input
 or a job that fits no GPU (message on stderr); 1 internal error.
@@ -9,14 +10,27 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.progress import Progress, TaskID
 from rich.table import Table
 
 from frenzy_opt.cluster import ClusterSpec
+from frenzy_opt.experiment import (
+    DEFAULT_COMPARE_POLICIES,
+    DEFAULT_COMPARE_SCENARIOS,
+    comparisons,
+    parse_policies,
+    policy_payload,
+    prepare,
+    run_policies,
+    write_plots,
+    write_report,
+)
 from frenzy_opt.gantt import plot_schedule
 from frenzy_opt.gpus import load_gpus, lookup_gpu
 from frenzy_opt.marp.predictor import MemoryPrediction, predict_memory
@@ -32,10 +46,13 @@ from frenzy_opt.problem import (
     objective,
 )
 from frenzy_opt.scenario import DEFAULT_SCENARIO, load_cluster_ref, load_scenario, resolve
+from frenzy_opt.simulator import Failures, SimulationError
 from frenzy_opt.solvers import make_solver
+from frenzy_opt.solvers.policies import policy_names
 from frenzy_opt.spec import JobSpec, load_job
 
 GIB = 2**30
+DEFAULT_REPORT = "benchmarks/results/compare.md"
 
 
 class NoFeasiblePlan(ValueError):
@@ -343,6 +360,116 @@ def cmd_solve(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- simulate and compare ------------------------------------------------------------------------------
+
+
+class _ProgressBar:
+    """A rich progress bar on stderr (stdout stays clean for --json), for runs of many jobs; updates at
+    most ten times a second."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.progress = Progress(console=Console(stderr=True), transient=True) if enabled else None
+        self.tasks: dict[str, TaskID] = {}
+        self.last = 0.0
+
+    def __enter__(self) -> _ProgressBar:
+        if self.progress is not None:
+            self.progress.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self.progress is not None:
+            self.progress.stop()
+
+    def __call__(self, policy: str, done: int, total: int) -> None:
+        if self.progress is None:
+            return
+        now = time.monotonic()
+        if policy not in self.tasks:
+            self.tasks[policy] = self.progress.add_task(f"{policy}: jobs finished", total=total)
+        elif now - self.last < 0.1 and done < total:
+            return
+        self.last = now
+        self.progress.update(self.tasks[policy], completed=done)
+
+
+def _failures(args: argparse.Namespace) -> Failures | None:
+    if args.mtbf_h is None:
+        return None
+    for name, value in (
+        ("--mtbf-h", args.mtbf_h),
+        ("--repair-s", args.repair_s),
+        ("--checkpoint-s", args.checkpoint_s),
+    ):
+        if not value > 0:
+            raise ValueError(f"{name} must be > 0, got {value}")
+    return Failures(
+        node_mtbf_h=args.mtbf_h, repair_s=args.repair_s, checkpoint_interval_s=args.checkpoint_s, seed=args.seed
+    )
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    policies = parse_policies(args.policy)
+    failures = _failures(args)
+    experiment = prepare(args.scenario)
+    long_run = len(experiment.jobs) >= 500 and sys.stderr.isatty()
+    with _ProgressBar(long_run) as bar:
+        try:
+            run_policies(experiment, policies, failures=failures, progress=bar)
+        except SimulationError as err:
+            raise ValueError(str(err)) from None
+    payload: dict[str, Any] = {
+        "scenario": experiment.scenario.name,
+        "cluster": experiment.scenario.cluster.name,
+        "num_gpus": experiment.scenario.cluster.num_gpus,
+        "build_s": experiment.build_s,
+        "policies": {name: policy_payload(r) for name, r in experiment.results.items()},
+        "versus_frenzy": comparisons(experiment.results),
+    }
+    if args.plot:
+        payload["plots"] = [str(p) for p in write_plots(experiment, Path(args.plot))]
+
+    def render(console: Console) -> None:
+        sc = experiment.scenario
+        table = Table(title=f"{sc.name}: {len(experiment.jobs)} jobs on {sc.cluster.name} ({sc.cluster.num_gpus} GPUs)")
+        for col in ("policy", "avg JCT h", "p50 h", "p99 h", "makespan h", "util", "decisions", "mean ms", "p99 ms",
+                    "restarts"):  # fmt: skip
+            table.add_column(col, justify="left" if col == "policy" else "right")
+        for name, m in payload["policies"].items():
+            hours = (f"{(m[k] or 0) / 3600:.2f}" for k in ("avg_jct_s", "p50_jct_s", "p99_jct_s", "makespan_s"))
+            table.add_row(name, *hours,
+                          f"{m['utilization']:.1%}", str(m["num_decisions"]), f"{m['mean_decision_ms']:.3g}",
+                          f"{m['p99_decision_ms']:.3g}", str(m["restarts"]))  # fmt: skip
+        console.print(table)
+        for name, c in payload["versus_frenzy"].items():
+            console.print(
+                f"frenzy vs {name}: avg JCT {100 * c['avg_jct_reduction']:+.1f} % lower, "
+                f"decisions {c['decision_time_ratio']:.3g}x faster"
+            )
+        for plot in payload.get("plots", []):
+            console.print(f"wrote {plot}")
+
+    _emit(args, payload, render)
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    scenarios = args.scenarios or list(DEFAULT_COMPARE_SCENARIOS)
+    policies = parse_policies(args.policy)
+    for name in scenarios:
+        resolve(name)  # fail fast on a bad name, before hours of simulation
+    command = "frenzy compare" + (" " + " ".join(args.scenarios) if args.scenarios else "")
+    if args.policy != ",".join(DEFAULT_COMPARE_POLICIES):
+        command += f" --policy {args.policy}"
+    if args.out != DEFAULT_REPORT:
+        command += f" --out {args.out}"
+    with _ProgressBar(sys.stderr.isatty()) as bar:
+        out = write_report(scenarios, policies, Path(args.out), progress=bar, command=command)
+    _emit(args, {"report": str(out)}, lambda console: console.print(f"wrote {out}"))
+    return 0
+
+
 # --- entry point ---------------------------------------------------------------------------------------
 
 
@@ -373,6 +500,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=2, help="CP-SAT search workers (default 2)")
     p.add_argument("--seed", type=int, default=0, help="CP-SAT random seed (default 0)")
     p.add_argument("--plot", help="directory for a Gantt chart per solver (PNG)")
+    p = add("simulate", "replay a scenario's workload under one or more scheduling policies", cmd_simulate)
+    p.add_argument("scenario", help="scenario file or shipped name (jobs or a workload generator)")
+    p.add_argument("--policy", default="frenzy", help=f"comma-separated policies: {', '.join(policy_names())}")
+    p.add_argument("--plot", help="directory for the JCT CDF, utilization and Gantt charts (PNG)")
+    p.add_argument("--mtbf-h", type=float, help="inject node failures: mean time between failures per node (hours)")
+    p.add_argument("--repair-s", type=float, default=1800.0, help="seconds a failed node stays down (default 1800)")
+    p.add_argument("--checkpoint-s", type=float, default=1800.0, help="checkpoint interval of jobs (default 1800)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the failure process (default 0)")
+    p = add("compare", "run policies on scenarios and write the Markdown comparison report", cmd_compare)
+    p.add_argument("scenarios", nargs="*", help=f"scenarios (default: {' '.join(DEFAULT_COMPARE_SCENARIOS)})")
+    p.add_argument("--policy", default=",".join(DEFAULT_COMPARE_POLICIES), help="comma-separated policies")
+    p.add_argument("--out", default=DEFAULT_REPORT, help=f"report path (default {DEFAULT_REPORT})")
     p = add("run", "plan every job of a scenario (default: the embedded default scenario)", cmd_run)
     p.add_argument("scenario", nargs="?", default=DEFAULT_SCENARIO, help="scenario file or shipped name")
     p.add_argument("--top", type=int, default=3, help="plans kept per job in --json output (default 3)")

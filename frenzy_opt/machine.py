@@ -33,3 +33,11 @@ def load_average() -> str:
         return "/".join(f"{x:.2f}" for x in os.getloadavg())
     except OSError:
         return "n/a"
+
+
+def describe_machine() -> str:
+    """One line for a result header: CPU, cores, Python and solver versions, load average."""
+    return (
+        f"{cpu_model()}, {os.cpu_count()} logical CPUs, Python {platform.python_version()}, "
+        f"ortools {package_version('ortools')}, highspy {package_version('highspy')}, load {load_average()}"
+    )

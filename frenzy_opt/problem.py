@@ -153,8 +153,8 @@ class OptionCache:
     def _search(self, spec: JobSpec) -> tuple[dict[tuple[str, int], Option], tuple[Option, ...]]:
         t = spec.training
         # Everything but the name and the step count (a tuple: cheaper to build than a new JobSpec).
-        key = (spec.model, spec.parallel, spec.pinned, t.seq_len, t.micro_batch_size, t.global_batch_size)
-        key += (t.precision, t.optimizer, t.runtime)
+        key: tuple[object, ...] = (spec.model, spec.parallel, spec.pinned, t.seq_len, t.micro_batch_size)
+        key += (t.global_batch_size, t.precision, t.optimizer, t.runtime)
         found = self._searches.get(key)
         if found is None:
             one_step = replace(spec, name="", training=replace(t, train_steps=1))

@@ -336,13 +336,13 @@ class Simulator:
                 for action in actions:
                     self._apply(action)
                 if tick:
-                    idle_ticks = idle_ticks + 1 if not actions and not self.running else 0
+                    idle_ticks = idle_ticks + 1 if not actions and not self.running and self.queue else 0
                     if idle_ticks > self.max_idle_ticks:
                         raise SimulationError(self._stuck_message())
                     if self._finished < total:
                         assert round_s is not None
-                        self._push(self.now + round_s, TICK)
-            elif not self.running and self.queue and not self._pending_non_tick():
+                        self._push(self._next_tick(round_s), TICK)
+            if round_s is None and not self.running and self.queue and not self._pending_non_tick():
                 raise SimulationError(self._stuck_message())
             if self.progress is not None:
                 self.progress(self._finished, total)
@@ -354,6 +354,15 @@ class Simulator:
             gpus_per_type={t: self.topology.num_gpus_of(t) for t in self.topology.gpu_types},
             wall_s=time.perf_counter() - wall,
         )
+
+    def _next_tick(self, round_s: float) -> float:
+        """The next round boundary; with nothing queued or running, the first one at or after the next
+        event (rounds with no job to decide on are skipped, not simulated)."""
+        following = self.now + round_s
+        if self.queue or self.running:
+            return following
+        upcoming = self._events[0][0] if self._events else following  # the only tick is the one being pushed
+        return max(following, math.ceil(upcoming / round_s) * round_s)
 
     def _pending_non_tick(self) -> bool:
         """Whether an event is still due that could let a queued job start."""

@@ -48,11 +48,14 @@ class _FreeIndex:
         self.buckets: list[set[int]] = [set() for _ in range(self.size + 1)]
         for i, left in self.free.items():
             self.buckets[left].add(i)
+        self.count = sum(self.free.values())
+        """Free GPUs of the type in all."""
 
     def total(self) -> int:
-        return sum(self.free.values())
+        return self.count
 
     def change(self, node: int, delta: int) -> None:
+        self.count += delta
         left = self.free[node]
         self.buckets[left].discard(node)
         self.free[node] = left + delta
@@ -97,18 +100,66 @@ class _Horizon:
         self.blocks.append(self.block)
         self.wholes.append(self.whole)
 
-    def earliest(self, option: Option, now: float) -> float:
-        """The end after which the option's placement fits (at least ``now``); inf if never. Like the
-        rescan it replaces, an option that fits already (blocked by a reservation) gets the first end."""
+    def earliest(self, option: Option) -> int:
+        """How many running jobs (in end order) must end before the option's placement fits, minus one:
+        the index of the end it waits for; -1 if never. Like the rescan it replaces, an option that fits
+        already (blocked by a reservation) waits for the first end."""
         values, need = (self.blocks, option.num_gpus) if option.whole_nodes == 0 else (self.wholes, option.whole_nodes)
         i = bisect.bisect_left(values, need)
         if i < len(values):
-            return max(self.ends[i], now)
+            return i
         while self.pos < len(self.runs):
             self._extend()
             if values[-1] >= need:
-                return max(self.ends[-1], now)
-        return float("inf")
+                return len(values) - 1
+        return -1
+
+    def free_after(self, i: int) -> dict[int, int]:
+        """Free GPUs per node of the type once the first ``i + 1`` running jobs have ended."""
+        free = dict(self.index.free)
+        for _, _, run in self.runs[: i + 1]:
+            for node in run.nodes:
+                free[node] += run.per_node
+        return free
+
+
+class _Reservation:
+    """EASY backfilling's reservation for the first waiting job of a GPU type (Lifka 1995; Mu'alem &
+    Feitelson 2001): its start, its end, and the GPUs per node that stay free at its start once it has
+    taken its own — the "extra" GPUs a job may backfill onto even if it runs past the reserved start."""
+
+    def __init__(self, option: Option, start: float, free: dict[int, int], size: int) -> None:
+        self.start, self.end, self.size = start, start + option.duration_s, size
+        self.left = free
+        if option.whole_nodes == 0:
+            node = min((left, n) for n, left in free.items() if left >= option.num_gpus)[1]
+            self.left[node] -= option.num_gpus
+        else:
+            for n in sorted(n for n, left in free.items() if left == size)[: option.whole_nodes]:
+                self.left[n] = 0
+        self._fits: dict[tuple[int, int], bool] = {}
+
+    def take(self, nodes: tuple[int, ...], per_node: int) -> bool:
+        """Whether a job on ``nodes`` (``per_node`` GPUs each) running past the reserved start leaves the
+        reservation whole; if so, its GPUs are counted out of the extra ones."""
+        if any(self.left[n] < per_node for n in nodes):
+            return False
+        for n in nodes:
+            self.left[n] -= per_node
+        self._fits.clear()
+        return True
+
+    def fits_alongside(self, option: Option) -> bool:
+        """Whether the option's shape still fits at the reserved start next to the reserved job."""
+        key = (option.num_gpus, option.whole_nodes)
+        found = self._fits.get(key)
+        if found is None:
+            if option.whole_nodes == 0:
+                found = any(left >= option.num_gpus for left in self.left.values())
+            else:
+                found = sum(left == self.size for left in self.left.values()) >= option.whole_nodes
+            self._fits[key] = found
+        return found
 
 
 @dataclass
@@ -117,13 +168,18 @@ class GreedyState:
 
     problem: SchedulingProblem
     free: dict[str, _FreeIndex] = field(init=False)
+    capacity: dict[str, int] = field(init=False)
     running: list[tuple[float, int, _Running]] = field(default_factory=list)
     queue: dict[str, ProblemJob] = field(default_factory=dict)
     by_job: dict[str, _Running] = field(default_factory=dict)
+    _ranks: dict[str, tuple[float, float, str]] = field(default_factory=dict)
+    _ranked_options: dict[str, tuple[Option, ...]] = field(default_factory=dict)
+    _sorted: dict[str, tuple[Option, ...]] = field(default_factory=dict)
     _seq: int = 0
 
     def __post_init__(self) -> None:
         self.free = {t: _FreeIndex(self.problem.topology, t) for t in self.problem.topology.gpu_types}
+        self.capacity = {t: self.problem.topology.num_gpus_of(t) for t in self.problem.topology.gpu_types}
         for busy in self.problem.busy:
             gpu_type = self.problem.topology.nodes[busy.node].gpu.name
             self.free[gpu_type].change(busy.node, -busy.num_gpus)
@@ -187,49 +243,112 @@ class GreedyState:
             horizon = horizons[gpu_type] = _Horizon(self.free[gpu_type], runs)
         return horizon
 
+    def _rank(self, job: ProblemJob) -> tuple[float, float, str]:
+        """WSPT order (weight / fastest duration, larger first), then arrival, then id; cached per job."""
+        key = self._ranks.get(job.id)
+        if key is None or self._ranked_options.get(job.id) is not job.options:
+            key = self._ranks[job.id] = (-job.weight / job.fastest_s, job.arrival_s, job.id)
+            self._ranked_options[job.id] = job.options
+            self._sorted[job.id] = tuple(sorted(job.options, key=lambda o: o.duration_s))
+        return key
+
+    def _by_duration(self, job: ProblemJob) -> tuple[Option, ...]:
+        """The job's options, shortest first (sorted when it was ranked)."""
+        return self._sorted[job.id]
+
+    def _ahead(self, gpu_type: str, now: float, ahead: dict[str, float]) -> float:
+        """GPU-seconds of work ahead on a type (see :meth:`decide`); the running part summed once per
+        decision."""
+        work = ahead.get(gpu_type)
+        if work is None:
+            work = ahead[gpu_type] = sum(
+                max(run.end_s - now, 0.0) * run.per_node * len(run.nodes)
+                for _, _, run in self.running
+                if not run.released and run.gpu_type == gpu_type
+            )
+        return work
+
     def decide(self, now: float) -> list[Assignment]:
         """Start what should start now (module docstring)."""
         started: list[Assignment] = []
-        reserved: dict[str, float] = {}
+        reserved: dict[str, _Reservation] = {}
         horizons: dict[str, _Horizon] = {}
         ends: dict[str, list[tuple[float, int, _Running]]] = {}
         # Where each placement shape fits now; like ``horizons``, dropped for a type when a job starts on it.
         fits: dict[tuple[str, int, int], tuple[int, ...] | None] = {}
-        order = sorted(self.queue.values(), key=lambda j: (-j.weight / j.fastest_s, j.arrival_s, j.id))
+        free_total = sum(index.count for index in self.free.values())
+        # GPU-seconds ahead of a waiting job on each type: what runs there now, and what earlier jobs of this
+        # decision chose to wait for (the queue ahead, as a fluid: Harchol-Balter 2013, ch. 13).
+        ahead: dict[str, float] = {}
+        order = sorted(self.queue.values(), key=self._rank)
         for job in order:
-            best: tuple[float, Option, tuple[int, ...] | None] | None = None
-            for option in job.options:
-                shape = (option.gpu_type, option.num_gpus, option.whole_nodes)
+            if free_total == 0:
+                break  # nothing can start; the remaining jobs' reservations would block nothing
+            best: tuple[float, Option, tuple[int, ...] | None, int] | None = None
+            for option in self._by_duration(job):
+                if best is not None and best[0] <= now + option.duration_s:
+                    break  # this option and every longer one end no sooner than the best so far
+                gpu_type = option.gpu_type
+                shape = (gpu_type, option.num_gpus, option.whole_nodes)
                 if shape in fits:
                     nodes = fits[shape]
                 else:
-                    nodes = fits[shape] = self.free[option.gpu_type].fit(option)
-                blocked = option.gpu_type in reserved and now + option.duration_s > reserved[option.gpu_type]
-                candidate: tuple[float, Option, tuple[int, ...] | None]
-                if nodes is not None and not blocked:
-                    candidate = (now + option.duration_s, option, nodes)
+                    nodes = fits[shape] = self.free[gpu_type].fit(option)
+                reservation = reserved.get(gpu_type)
+                if nodes is not None and (
+                    reservation is None
+                    or now + option.duration_s <= reservation.start
+                    or all(reservation.left[n] >= option.gpus_per_node for n in nodes)
+                ):
+                    candidate = (now + option.duration_s, option, nodes, -1)
                 else:
-                    horizon = self._horizon(option.gpu_type, horizons, ends)
-                    candidate = (horizon.earliest(option, now) + option.duration_s, option, None)
+                    floor = now + self._ahead(gpu_type, now, ahead) / self.capacity[gpu_type]
+                    if best is not None and best[0] <= floor + option.duration_s:
+                        continue  # even the queue ahead alone makes it end no sooner than the best
+                    horizon = self._horizon(gpu_type, horizons, ends)
+                    i = horizon.earliest(option)
+                    start = float("inf") if i < 0 else max(horizon.ends[i], now)
+                    if (
+                        reservation is not None
+                        and start >= reservation.start
+                        and not reservation.fits_alongside(option)
+                    ):
+                        start = max(start, reservation.end)  # it queues behind the reserved job
+                    start = max(start, floor)
+                    candidate = (start + option.duration_s, option, None, i)
                 if best is None or candidate[0] < best[0]:
                     best = candidate
             assert best is not None
-            end, option, nodes = best
+            end, option, nodes, index = best
+            gpu_type = option.gpu_type
             if nodes is None:
-                start = end - option.duration_s
-                if start != float("inf"):
-                    reserved[option.gpu_type] = min(reserved.get(option.gpu_type, start), start)
+                if end != float("inf"):
+                    ahead[gpu_type] = self._ahead(gpu_type, now, ahead) + option.num_gpus * option.duration_s
+                if index >= 0 and gpu_type not in reserved:
+                    horizon = self._horizon(gpu_type, horizons, ends)
+                    reserved[gpu_type] = _Reservation(
+                        option, end - option.duration_s, horizon.free_after(index), self.free[gpu_type].size
+                    )
                 continue
+            reservation = reserved.get(gpu_type)
+            if reservation is not None and end > reservation.start:
+                taken = reservation.take(nodes, option.gpus_per_node)
+                assert taken
             per_node = option.gpus_per_node
             for node in nodes:
-                self.free[option.gpu_type].change(node, -per_node)
-            horizons.pop(option.gpu_type, None)
-            for key in [k for k in fits if k[0] == option.gpu_type]:
+                self.free[gpu_type].change(node, -per_node)
+            free_total -= option.num_gpus
+            if gpu_type in ahead:
+                ahead[gpu_type] += option.num_gpus * option.duration_s
+            horizons.pop(gpu_type, None)
+            for key in [k for k in fits if k[0] == gpu_type]:
                 del fits[key]
             entry = self._push(_Running(end_s=end, job=job.id, nodes=nodes, per_node=per_node))
-            if option.gpu_type in ends:
-                bisect.insort(ends[option.gpu_type], entry)
+            if gpu_type in ends:
+                bisect.insort(ends[gpu_type], entry)
             del self.queue[job.id]
+            for cache in (self._ranks, self._ranked_options, self._sorted):
+                del cache[job.id]
             started.append(Assignment(job=job.id, option=option, nodes=nodes, start_s=now, end_s=end))
         return started
 

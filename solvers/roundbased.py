@@ -14,26 +14,27 @@ from frenzy_opt.problem import Option
 from frenzy_opt.simulator import Action, Simulator, Start, Stop
 from frenzy_opt.solvers.policies import place
 
-_HIGHS: list[highspy.Highs] = []
+_BANNER_SHOWN: list[bool] = []
 
 
 def _highs() -> highspy.Highs:
-    """One quiet HiGHS instance per process. Its constructor prints a banner on the C-level stdout, which
-    would corrupt ``--json`` output, so file descriptor 1 points to /dev/null while it is built."""
-    if not _HIGHS:
+    """A fresh, quiet HiGHS instance. The first constructor of a process prints a banner on the C-level
+    stdout, which would corrupt ``--json`` output, so file descriptor 1 points to /dev/null while it runs."""
+    if _BANNER_SHOWN:
+        h = highspy.Highs()  # type: ignore[no-untyped-call]
+    else:
         sys.stdout.flush()
         saved, sink = os.dup(1), os.open(os.devnull, os.O_WRONLY)
         os.dup2(sink, 1)
         try:
-            h = highspy.Highs()
+            h = highspy.Highs()  # type: ignore[no-untyped-call]
         finally:
             os.dup2(saved, 1)
             os.close(saved)
             os.close(sink)
-        h.setOptionValue("output_flag", False)
-        h.setOptionValue("threads", 1)
-        _HIGHS.append(h)
-    return _HIGHS[0]
+        _BANNER_SHOWN.append(True)
+    h.setOptionValue("output_flag", False)
+    return h
 
 
 def solve_highs(
@@ -77,14 +78,15 @@ def solve_highs(
     if integer:
         lp.integrality_ = [highspy.HighsVarType.kInteger] * n
     h = _highs()
-    h.clearModel()
     h.setOptionValue("time_limit", float(time_limit_s))
     h.setOptionValue("mip_rel_gap", mip_rel_gap)
-    h.passModel(lp)
-    h.run()
+    passed = h.passModel(lp)
+    ran = h.run()
     status = h.getModelStatus()
     if status not in (highspy.HighsModelStatus.kOptimal, highspy.HighsModelStatus.kTimeLimit):
-        raise RuntimeError(f"HiGHS: {h.modelStatusToString(status)}")
+        raise RuntimeError(
+            f"HiGHS: {h.modelStatusToString(status)} (pass {passed}, run {ran}, {n} columns, {len(rows)} rows)"
+        )
     values = list(h.getSolution().col_value)
     if len(values) != n:
         raise RuntimeError("HiGHS: no solution within the time limit")

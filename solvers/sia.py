@@ -28,7 +28,7 @@ Parameters and how each follows the paper and its public artefact:
 from __future__ import annotations
 
 from frenzy_opt.problem import Option
-from frenzy_opt.simulator import Action, Simulator
+from frenzy_opt.simulator import Action, Simulator, Start
 from frenzy_opt.solvers.policies import _Base, register_policy
 from frenzy_opt.solvers.roundbased import apply_allocations, solve_highs
 
@@ -145,9 +145,8 @@ class SiaPolicy(_Base):
         wanted = {columns[i][0]: columns[i][1] for i, v in enumerate(values) if v > 0.5}
         actions = apply_allocations(sim, wanted)
         for action in actions:
-            option = getattr(action, "option", None)
-            if option is not None:
-                self.largest[action.job] = max(self.largest.get(action.job, 0), option.num_gpus)
+            if isinstance(action, Start):
+                self.largest[action.job] = max(self.largest.get(action.job, 0), action.option.num_gpus)
         for job_id, state in sim.running.items():
             if state.option is not None and wanted.get(job_id) is state.option:
                 self.largest[job_id] = max(self.largest.get(job_id, 0), state.option.num_gpus)

@@ -26,11 +26,16 @@ LAYERS = {
     "frenzy_opt.calibration": 4,
     "frenzy_opt.plans": 4,
     "frenzy_opt.scenario": 4,
+    "frenzy_opt.workload": 4,
+    "frenzy_opt.tracemap": 5,
+    "frenzy_opt.simulator": 5,
     "frenzy_opt.validation": 5,
     "frenzy_opt.problem": 5,
     "frenzy_opt.solvers": 6,
     "frenzy_opt.api": 7,
     "frenzy_opt.gantt": 7,
+    "frenzy_opt.simplot": 7,
+    "frenzy_opt.experiment": 7,
     "frenzy_opt.cli": 8,
 }
 
