@@ -300,6 +300,7 @@ class GreedyState:
                     or now + option.duration_s <= reservation.start
                     or all(reservation.left[n] >= option.gpus_per_node for n in nodes)
                 ):
+                    candidate: tuple[float, Option, tuple[int, ...] | None, int]
                     candidate = (now + option.duration_s, option, nodes, -1)
                 else:
                     floor = now + self._ahead(gpu_type, now, ahead) / self.capacity[gpu_type]
