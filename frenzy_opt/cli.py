@@ -23,6 +23,7 @@ from frenzy_opt.cluster import ClusterSpec
 from frenzy_opt.experiment import (
     DEFAULT_COMPARE_POLICIES,
     DEFAULT_COMPARE_SCENARIOS,
+    DEFAULT_FAILURES,
     comparisons,
     parse_policies,
     policy_payload,
@@ -464,8 +465,17 @@ def cmd_compare(args: argparse.Namespace) -> int:
         command += f" --policy {args.policy}"
     if args.out != DEFAULT_REPORT:
         command += f" --out {args.out}"
+    if args.no_failures:
+        command += " --no-failures"
     with _ProgressBar(sys.stderr.isatty()) as bar:
-        out = write_report(scenarios, policies, Path(args.out), progress=bar, command=command)
+        out = write_report(
+            scenarios,
+            policies,
+            Path(args.out),
+            progress=bar,
+            command=command,
+            failures=None if args.no_failures else DEFAULT_FAILURES,
+        )
     _emit(args, {"report": str(out)}, lambda console: console.print(f"wrote {out}"))
     return 0
 
@@ -512,6 +522,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("scenarios", nargs="*", help=f"scenarios (default: {' '.join(DEFAULT_COMPARE_SCENARIOS)})")
     p.add_argument("--policy", default=",".join(DEFAULT_COMPARE_POLICIES), help="comma-separated policies")
     p.add_argument("--out", default=DEFAULT_REPORT, help=f"report path (default {DEFAULT_REPORT})")
+    p.add_argument("--no-failures", action="store_true", help=f"skip the failure experiment on {DEFAULT_FAILURES[0]}")
     p = add("run", "plan every job of a scenario (default: the embedded default scenario)", cmd_run)
     p.add_argument("scenario", nargs="?", default=DEFAULT_SCENARIO, help="scenario file or shipped name")
     p.add_argument("--top", type=int, default=3, help="plans kept per job in --json output (default 3)")

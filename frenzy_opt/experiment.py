@@ -24,6 +24,9 @@ from frenzy_opt.topology import Topology
 
 DEFAULT_COMPARE_SCENARIOS = ("paper3type-llm", "sia64-llm", "cluster2048-llm")
 DEFAULT_COMPARE_POLICIES = ("frenzy", "fifo", "sia", "gavel", "optimal")
+# The report's failure experiment: Sia-64 with every node failing once per 100 h on average, an hour to
+# repair and checkpoints every 30 minutes.
+DEFAULT_FAILURES = ("sia64-llm", Failures(node_mtbf_h=100.0, repair_s=3600.0, checkpoint_interval_s=1800.0, seed=0))
 
 Progress = Callable[[str, int, int], None]
 
@@ -138,29 +141,37 @@ def _ms(value: object) -> str:
     return "-" if not isinstance(value, int | float) else f"{value:.3g}"
 
 
-def report_section(experiment: Experiment, figures: list[Path], report_dir: Path) -> list[str]:
+def report_section(
+    experiment: Experiment, figures: list[Path], report_dir: Path, failures: Failures | None = None
+) -> list[str]:
     """Markdown for one scenario: metrics per policy, frenzy vs each, heuristic vs optimal, figures."""
     sc = experiment.scenario
+    title = sc.name
+    if failures is not None:
+        title += (
+            f" with node failures (MTBF {failures.node_mtbf_h:g} h per node, repair {failures.repair_s:g} s, "
+            f"checkpoints every {failures.checkpoint_interval_s:g} s, seed {failures.seed})"
+        )
     lines = [
-        f"## {sc.name} — {len(experiment.jobs)} jobs on {sc.cluster.name} ({sc.cluster.num_gpus} GPUs: "
+        f"## {title} — {len(experiment.jobs)} jobs on {sc.cluster.name} ({sc.cluster.num_gpus} GPUs: "
         + ", ".join(f"{experiment.topology.num_gpus_of(t)} x {t}" for t in experiment.topology.gpu_types)
         + ")",
         "",
         f"Jobs built (workload mapped, plans searched) in {experiment.build_s:.1f} s.",
         "",
         "| policy | avg JCT h | p50 JCT h | p99 JCT h | makespan h | utilization | decisions | mean decision ms "
-        "| p99 decision ms | restarts | sim wall s |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| p99 decision ms | restarts | failures | sim wall s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, result in experiment.results.items():
         m = result.metrics()
         lines.append(
             f"| {name} | {_h(m['avg_jct_s'])} | {_h(m['p50_jct_s'])} | {_h(m['p99_jct_s'])} | {_h(m['makespan_s'])} "
             f"| {float(m['utilization']):.1%} | {m['num_decisions']} | {_ms(m['mean_decision_ms'])} "
-            f"| {_ms(m['p99_decision_ms'])} | {m['restarts']} | {float(m['sim_wall_s']):.1f} |"
+            f"| {_ms(m['p99_decision_ms'])} | {m['restarts']} | {m['failures']} | {float(m['sim_wall_s']):.1f} |"
         )
     for name, reason in experiment.skipped.items():
-        lines.append(f"| {name} | skipped: {reason} | | | | | | | | | |")
+        lines.append(f"| {name} | skipped: {reason} | | | | | | | | | | |")
     versus = comparisons(experiment.results)
     if versus:
         lines += [
@@ -201,6 +212,7 @@ def write_report(
     *,
     progress: Progress | None = None,
     command: str = "",
+    failures: tuple[str, Failures] | None = DEFAULT_FAILURES,
 ) -> Path:
     """Run every policy on every scenario and write the Markdown report ``out`` (figures next to it, in
     ``<out stem>/``)."""
@@ -221,6 +233,12 @@ def write_report(
         experiment = run_policies(prepare(name), policies, progress=progress, skip_infeasible=True)
         figures = write_plots(experiment, figures_dir)
         lines += report_section(experiment, figures, out.parent)
+    if failures is not None:
+        name, spec = failures
+        experiment = run_policies(
+            prepare(name), [p for p in policies if p != "optimal"], failures=spec, progress=progress
+        )
+        lines += report_section(experiment, [], out.parent, failures=spec)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines), encoding="utf-8")
     return out

@@ -277,7 +277,7 @@ def test_metrics_follow_contract_3_and_percentiles_interpolate() -> None:
 
 def test_policy_registry_names_unknown_policies_and_bad_settings() -> None:
     assert {"frenzy", "fifo", "sia", "gavel", "optimal"} <= set(policy_names())
-    with pytest.raises(ValueError, match="allowed: .*fifo"):
+    with pytest.raises(ValueError, match=r"allowed: .*fifo"):
         make_policy("pollux")
     with pytest.raises(ValueError, match=r"policies\.sia"):
         make_policy("sia", rounds=3)
