@@ -17,8 +17,11 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 	$(BIN)/pip install -q --no-deps -e . --config-settings editable_mode=strict
 
+# The plans of the embedded default scenario, then the serverless flow: the HTTP service on its cluster with the
+# simulated executor (an hour per second), the jobs submitted over HTTP, decisions printed live (about 30 s).
 run: install
 	$(BIN)/frenzy run
+	$(BIN)/frenzy demo
 
 lint: install
 	$(BIN)/ruff check .

@@ -1,5 +1,5 @@
 """The ``frenzy`` command line (contract 3): ``catalog``, ``predict``, ``plan``, ``solve``, ``simulate``,
-``compare`` and ``run``.
+``compare``, ``serve``, ``demo`` and ``run``.
 
 Human-readable tables by default, ``--json`` for one JSON object on stdout. Exit codes: 0 ok; 2 bad input
 or a job that fits no GPU (message on stderr); 1 internal error.
@@ -19,7 +19,6 @@ from rich.console import Console
 from rich.progress import Progress, TaskID
 from rich.table import Table
 
-from frenzy_opt.cluster import ClusterSpec
 from frenzy_opt.experiment import (
     DEFAULT_COMPARE_POLICIES,
     DEFAULT_COMPARE_SCENARIOS,
@@ -36,7 +35,7 @@ from frenzy_opt.gantt import plot_schedule
 from frenzy_opt.gpus import load_gpus, lookup_gpu
 from frenzy_opt.marp.predictor import MemoryPrediction, predict_memory
 from frenzy_opt.models.catalog import load_catalog
-from frenzy_opt.plans import PlanSearch, enumerate_plans
+from frenzy_opt.plans import NoFeasiblePlan, PlanSearch, search_or_fail
 from frenzy_opt.problem import (
     Schedule,
     SchedulingProblem,
@@ -50,14 +49,10 @@ from frenzy_opt.scenario import DEFAULT_SCENARIO, load_cluster_ref, load_scenari
 from frenzy_opt.simulator import Failures, SimulationError
 from frenzy_opt.solvers import make_solver
 from frenzy_opt.solvers.policies import policy_names
-from frenzy_opt.spec import JobSpec, load_job
+from frenzy_opt.spec import load_job
 
 GIB = 2**30
 DEFAULT_REPORT = "benchmarks/results/compare.md"
-
-
-class NoFeasiblePlan(ValueError):
-    """A job fits no GPU type of the cluster, even at the largest parallelism tried."""
 
 
 def _gib(value: float | None) -> str:
@@ -181,25 +176,6 @@ def _parallel_text(parallel: dict[str, Any]) -> str:
 
 
 # --- plan ----------------------------------------------------------------------------------------------
-
-
-def search_or_fail(job: JobSpec, cluster: ClusterSpec) -> PlanSearch:
-    """All plans; :class:`NoFeasiblePlan` naming the memory needed and the largest GPU when none fit."""
-    search = enumerate_plans(job, cluster)
-    if search.plans:
-        return search
-    largest = max(cluster.gpu_types(), key=lambda g: g.memory_bytes)
-    if search.min_device_bytes is None:
-        raise NoFeasiblePlan(
-            f"job {job.name}: no valid parallel configuration on cluster {cluster.name} "
-            f"(the pinned parallel fields or the cluster size leave none)"
-        )
-    pinned = f" with the pinned parallel fields ({', '.join(sorted(job.pinned))})" if job.pinned else ""
-    raise NoFeasiblePlan(
-        f"job {job.name} fits no GPU type of cluster {cluster.name}: it needs at least "
-        f"{search.min_device_bytes / GIB:.1f} GiB per GPU at the largest parallelism the cluster allows{pinned}; "
-        f"the largest GPU available is {largest.name} with {largest.memory_bytes / GIB:.1f} GiB"
-    )
 
 
 def plans_payload(search: PlanSearch, top: int) -> dict[str, Any]:
@@ -444,9 +420,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                           f"{m['p99_decision_ms']:.3g}", str(m["restarts"]))  # fmt: skip
         console.print(table)
         for name, c in payload["versus_frenzy"].items():
+            jct, ratio = c["avg_jct_reduction"], c["decision_time_ratio"]
             console.print(
-                f"frenzy vs {name}: avg JCT {100 * c['avg_jct_reduction']:+.1f} % lower, "
-                f"decisions {c['decision_time_ratio']:.3g}x faster"
+                f"frenzy vs {name}: average JCT {100 * abs(jct):.1f} % {'lower' if jct >= 0 else 'higher'}, "
+                f"decisions {ratio if ratio >= 1 else 1 / ratio:.3g}x {'faster' if ratio >= 1 else 'slower'}"
             )
         for plot in payload.get("plots", []):
             console.print(f"wrote {plot}")
@@ -478,6 +455,37 @@ def cmd_compare(args: argparse.Namespace) -> int:
         )
     _emit(args, {"report": str(out)}, lambda console: console.print(f"wrote {out}"))
     return 0
+
+
+# --- serve and demo ------------------------------------------------------------------------------------
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from frenzy_opt.service import build_config, serve
+
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port must be in [0, 65535], got {args.port}")
+    config = build_config(
+        load_cluster_ref(args.cluster),
+        db_url=args.db,
+        executor=args.executor,
+        tokens=args.tokens,
+        time_scale=args.time_scale,
+        fail_rate=args.fail_rate,
+    )
+    serve(config, args.host, args.port)
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from frenzy_opt.service import demo
+
+    scenario = load_scenario(args.scenario)
+    console = Console(width=160)
+    result = demo(scenario, time_scale=args.time_scale, say=lambda line: console.print(line, highlight=False))
+    if args.json:
+        sys.stdout.write(json.dumps(result, indent=2) + "\n")
+    return 0 if all(state == "succeeded" for state in result["jobs"].values()) else 1
 
 
 # --- entry point ---------------------------------------------------------------------------------------
@@ -523,6 +531,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--policy", default=",".join(DEFAULT_COMPARE_POLICIES), help="comma-separated policies")
     p.add_argument("--out", default=DEFAULT_REPORT, help=f"report path (default {DEFAULT_REPORT})")
     p.add_argument("--no-failures", action="store_true", help=f"skip the failure experiment on {DEFAULT_FAILURES[0]}")
+    p = add("serve", "run the HTTP service (FastAPI under uvicorn)", cmd_serve)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument(
+        "--db", default="sqlite:///frenzy-opt.db", help="SQLAlchemy URL (default: SQLite file frenzy-opt.db)"
+    )
+    p.add_argument("--cluster", default="paper-3type", help="cluster file or shipped name (default paper-3type)")
+    p.add_argument("--executor", default="simulated", help="simulated (local and ray: issue 6)")
+    p.add_argument("--tokens", help="tokens/tenants/quotas file (YAML or JSON); none: single-tenant local mode")
+    p.add_argument("--time-scale", type=float, default=1.0, help="simulated executor: cluster seconds per second")
+    p.add_argument("--fail-rate", type=float, default=0.0, help="simulated executor: fraction of attempts that fail")
+    p = add("demo", "the serverless flow in a minute: service, HTTP submissions, live decisions", cmd_demo)
+    p.add_argument("scenario", nargs="?", default=DEFAULT_SCENARIO, help="scenario file or shipped name")
+    p.add_argument("--time-scale", type=float, default=3600.0, help="cluster seconds per wall second (default 3600)")
     p = add("run", "plan every job of a scenario (default: the embedded default scenario)", cmd_run)
     p.add_argument("scenario", nargs="?", default=DEFAULT_SCENARIO, help="scenario file or shipped name")
     p.add_argument("--top", type=int, default=3, help="plans kept per job in --json output (default 3)")

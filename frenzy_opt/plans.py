@@ -421,3 +421,27 @@ def rank_plans(plans: list[Plan]) -> list[Plan]:
             p.parallel.sequence_parallel,
         ),
     )
+
+
+class NoFeasiblePlan(ValueError):
+    """A job fits no GPU type of the cluster, even at the largest parallelism tried."""
+
+
+def search_or_fail(job: JobSpec, cluster: ClusterSpec) -> PlanSearch:
+    """All plans; :class:`NoFeasiblePlan` naming the memory needed and the largest GPU when none fit."""
+    search = enumerate_plans(job, cluster)
+    if search.plans:
+        return search
+    largest = max(cluster.gpu_types(), key=lambda g: g.memory_bytes)
+    if search.min_device_bytes is None:
+        raise NoFeasiblePlan(
+            f"job {job.name}: no valid parallel configuration on cluster {cluster.name} "
+            f"(the pinned parallel fields or the cluster size leave none)"
+        )
+    pinned = f" with the pinned parallel fields ({', '.join(sorted(job.pinned))})" if job.pinned else ""
+    gib = 2**30
+    raise NoFeasiblePlan(
+        f"job {job.name} fits no GPU type of cluster {cluster.name}: it needs at least "
+        f"{search.min_device_bytes / gib:.1f} GiB per GPU at the largest parallelism the cluster allows{pinned}; "
+        f"the largest GPU available is {largest.name} with {largest.memory_bytes / gib:.1f} GiB"
+    )

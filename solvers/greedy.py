@@ -23,6 +23,7 @@ import bisect
 import heapq
 import time
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from frenzy_opt.problem import Assignment, Option, ProblemJob, Schedule, SchedulingProblem
 from frenzy_opt.solvers.base import register
@@ -162,6 +163,14 @@ class _Reservation:
         return found
 
 
+class Admission(Protocol):
+    """Who may use what (e.g. per-tenant quotas per GPU type, enforced by the scheduler itself)."""
+
+    def allows(self, job: str, option: Option) -> bool: ...
+
+    def take(self, job: str, option: Option) -> None: ...
+
+
 @dataclass
 class GreedyState:
     """The online scheduler's state: free GPUs, running jobs, the queue."""
@@ -175,6 +184,9 @@ class GreedyState:
     _ranks: dict[str, tuple[float, float, str]] = field(default_factory=dict)
     _ranked_options: dict[str, tuple[Option, ...]] = field(default_factory=dict)
     _sorted: dict[str, tuple[Option, ...]] = field(default_factory=dict)
+    waiting: dict[str, tuple[Option | None, float]] = field(default_factory=dict)
+    """After :meth:`decide`: per job it reached and left queued, the option it waits for (None: admission
+    ruled out every option) and its estimated start."""
     _seq: int = 0
 
     def __post_init__(self) -> None:
@@ -199,6 +211,14 @@ class GreedyState:
         gpu_type = self.problem.topology.nodes[node].gpu.name
         self.free[gpu_type].change(node, -num_gpus)
         self._push(_Running(end_s=until_s, job=key, nodes=(node,), per_node=num_gpus))
+
+    def occupy(self, key: str, nodes: tuple[int, ...], per_node: int, until_s: float) -> None:
+        """Take ``per_node`` GPUs on each of ``nodes`` until about ``until_s`` for job ``key`` (a run that
+        survived a restart of the orchestrator)."""
+        gpu_type = self.problem.topology.nodes[nodes[0]].gpu.name
+        for node in nodes:
+            self.free[gpu_type].change(node, -per_node)
+        self._push(_Running(end_s=until_s, job=key, nodes=nodes, per_node=per_node))
 
     def release(self, key: str) -> None:
         """Give back what job (or hold) ``key`` holds, whenever it really ended (the simulator's and the
@@ -268,8 +288,11 @@ class GreedyState:
             )
         return work
 
-    def decide(self, now: float) -> list[Assignment]:
-        """Start what should start now (module docstring)."""
+    def decide(self, now: float, admit: Admission | None = None) -> list[Assignment]:
+        """Start what should start now (module docstring). ``admit`` (e.g. per-tenant quotas) may rule
+        options out; a job whose every option it rules out waits. :attr:`waiting` tells, after the call,
+        what each job the decision reached and left queued waits for."""
+        self.waiting = {}
         started: list[Assignment] = []
         reserved: dict[str, _Reservation] = {}
         horizons: dict[str, _Horizon] = {}
@@ -288,6 +311,8 @@ class GreedyState:
             for option in self._by_duration(job):
                 if best is not None and best[0] <= now + option.duration_s:
                     break  # this option and every longer one end no sooner than the best so far
+                if admit is not None and not admit.allows(job.id, option):
+                    continue
                 gpu_type = option.gpu_type
                 shape = (gpu_type, option.num_gpus, option.whole_nodes)
                 if shape in fits:
@@ -319,10 +344,13 @@ class GreedyState:
                     candidate = (start + option.duration_s, option, None, i)
                 if best is None or candidate[0] < best[0]:
                     best = candidate
-            assert best is not None
+            if best is None:  # admission ruled out every option
+                self.waiting[job.id] = (None, float("inf"))
+                continue
             end, option, nodes, index = best
             gpu_type = option.gpu_type
             if nodes is None:
+                self.waiting[job.id] = (option, end - option.duration_s)
                 if end != float("inf"):
                     ahead[gpu_type] = self._ahead(gpu_type, now, ahead) + option.num_gpus * option.duration_s
                 if index >= 0 and gpu_type not in reserved:
@@ -350,6 +378,8 @@ class GreedyState:
             del self.queue[job.id]
             for cache in (self._ranks, self._ranked_options, self._sorted):
                 del cache[job.id]
+            if admit is not None:
+                admit.take(job.id, option)
             started.append(Assignment(job=job.id, option=option, nodes=nodes, start_s=now, end_s=end))
         return started
 

@@ -31,11 +31,15 @@ LAYERS = {
     "frenzy_opt.simulator": 5,
     "frenzy_opt.validation": 5,
     "frenzy_opt.problem": 5,
+    "frenzy_opt.store": 2,
+    "frenzy_opt.executors": 5,
     "frenzy_opt.solvers": 6,
+    "frenzy_opt.orchestrator": 6,
     "frenzy_opt.api": 7,
     "frenzy_opt.gantt": 7,
     "frenzy_opt.simplot": 7,
     "frenzy_opt.experiment": 7,
+    "frenzy_opt.service": 7,
     "frenzy_opt.cli": 8,
 }
 

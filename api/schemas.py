@@ -1,0 +1,155 @@
+"""Request and response models of the HTTP API (pydantic): contract 1 as JSON, every number bounded.
+
+The bounds are wide enough for any real job (a million-token sequence, a million-sequence batch, 65,536-way
+data parallelism) and small enough that no request can make the server allocate without limit: every
+numeric input has one (an unbounded count once let a generated request grow a process to 24 GB). The
+request model checks types and ranges; :func:`frenzy_opt.spec.parse_job` then checks the job's own rules
+(divisibility, catalogue names) and its errors become 422 answers too.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from frenzy_opt.spec import ATTENTIONS, OPTIMIZERS, PRECISIONS, RECOMPUTES, RUNTIMES
+
+Precision = Literal[PRECISIONS]  # type: ignore[valid-type]
+Optimizer = Literal[OPTIMIZERS]  # type: ignore[valid-type]
+Runtime = Literal[RUNTIMES]  # type: ignore[valid-type]
+Recompute = Literal[RECOMPUTES]  # type: ignore[valid-type]
+Attention = Literal[ATTENTIONS]  # type: ignore[valid-type]
+
+STATES = Literal["queued", "scheduled", "running", "succeeded", "failed", "cancelled"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ArchitectureIn(_Strict):
+    """An inline architecture (contract 1)."""
+
+    num_layers: int = Field(ge=1, le=1024)
+    hidden_size: int = Field(ge=1, le=262_144)
+    ffn_hidden_size: int = Field(ge=1, le=1_048_576)
+    num_attention_heads: int = Field(ge=1, le=4096)
+    num_kv_heads: int | None = Field(default=None, ge=1, le=4096)
+    vocab_size: int = Field(ge=1, le=4_194_304)
+    mlp: Literal["swiglu", "gelu"] = "swiglu"
+    norm: Literal["rmsnorm", "layernorm"] = "rmsnorm"
+    tied_embeddings: bool = False
+    num_experts: int = Field(default=1, ge=1, le=4096)
+    moe_top_k: int = Field(default=1, ge=1, le=4096)
+    moe_ffn_hidden_size: int | None = Field(default=None, ge=1, le=1_048_576)
+    name: str | None = Field(default=None, max_length=200)
+    head_dim: int | None = Field(default=None, ge=1, le=65_536)
+    qkv_bias: bool = False
+    linear_bias: bool = False
+    position_embedding: Literal["rope", "learned"] = "rope"
+    max_position_embeddings: int = Field(default=4096, ge=1, le=16_777_216)
+
+
+class TrainingIn(_Strict):
+    seq_len: int = Field(default=2048, ge=1, le=1_048_576)
+    micro_batch_size: int = Field(default=1, ge=1, le=65_536)
+    global_batch_size: int = Field(default=512, ge=1, le=16_777_216)
+    train_steps: int = Field(default=1000, ge=1, le=100_000_000)
+    precision: Precision = "bf16"
+    optimizer: Optimizer = "adamw"
+    runtime: Runtime = "megatron"
+
+
+class ParallelIn(_Strict):
+    """Optional pinned parallel fields; missing ones are searched."""
+
+    dp: int | None = Field(default=None, ge=1, le=65_536)
+    tp: int | None = Field(default=None, ge=1, le=1024)
+    pp: int | None = Field(default=None, ge=1, le=1024)
+    vpp: int | None = Field(default=None, ge=1, le=128)
+    sequence_parallel: bool | None = None
+    cp: int | None = Field(default=None, ge=1, le=1024)
+    ep: int | None = Field(default=None, ge=1, le=4096)
+    zero_stage: int | None = Field(default=None, ge=0, le=3)
+    recompute: Recompute | None = None
+    attention: Attention | None = None
+
+
+class JobIn(_Strict):
+    """A training job (contract 1). No hardware: the scheduler chooses it."""
+
+    name: str | None = Field(default=None, max_length=200)
+    model: str | ArchitectureIn = Field(description="a catalogue name (see `frenzy catalog models`) or an architecture")
+    training: TrainingIn = Field(default_factory=TrainingIn)
+    parallel: ParallelIn | None = None
+    weight: float = Field(default=1.0, gt=0, le=1000, description="priority weight in the scheduler's objective")
+    max_retries: int = Field(default=2, ge=0, le=10, description="attempts after the first one on failure")
+
+    def spec_mapping(self) -> dict[str, Any]:
+        """The contract-1 mapping :func:`frenzy_opt.spec.parse_job` reads."""
+        data: dict[str, Any] = {
+            "model": self.model if isinstance(self.model, str) else self.model.model_dump(exclude_none=True),
+            "training": self.training.model_dump(),
+        }
+        if self.name is not None:
+            data["name"] = self.name
+        if self.parallel is not None:
+            pinned = self.parallel.model_dump(exclude_none=True)
+            if pinned:
+                data["parallel"] = pinned
+        return data
+
+
+class PlanOut(BaseModel):
+    gpu_type: str
+    num_gpus: int
+    parallel: dict[str, Any]
+    micro_batch_size: int
+    precision: str
+    peak_allocated_bytes: int
+    device_used_bytes: int
+    step_time_s: float | None
+    est_runtime_s: float | None
+
+
+class PlansOut(BaseModel):
+    cluster: str
+    num_plans: int
+    min_gpus_per_type: dict[str, int]
+    plans: list[PlanOut]
+
+
+class EventOut(BaseModel):
+    at: float
+    state: str
+    detail: str
+
+
+class JobOut(BaseModel):
+    id: str
+    name: str
+    tenant: str
+    state: str
+    reason: str
+    attempts: int
+    max_retries: int
+    created_at: float
+    updated_at: float
+    plan: dict[str, Any] | None = None
+    placement: dict[str, Any] | None = None
+    predicted: dict[str, Any] | None = None
+    measured: dict[str, Any] | None = None
+    history: list[EventOut] | None = None
+
+
+class JobListOut(BaseModel):
+    items: list[JobOut]
+    total: int
+    limit: int
+    offset: int
+    next_offset: int | None
+
+
+class ErrorOut(BaseModel):
+    detail: Any

@@ -1,0 +1,72 @@
+"""The executor protocol: how the orchestrator hands a placement to something that runs it.
+
+An executor starts one attempt of a job on the GPUs of its placement (:meth:`Executor.launch`), reports its
+end through the ``on_exit`` callback (from any thread), stops it on request (:meth:`Executor.cancel`) and
+says which jobs it is still running (:meth:`Executor.running`) so that the orchestrator can reconcile after
+a restart. Executors: ``simulated`` (:mod:`frenzy_opt.executors.simulated`, time scaled, the embedded
+default); the torchrun and Ray executors come with the launcher (issue 6).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from frenzy_opt.problem import Option
+from frenzy_opt.spec import JobSpec
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Launch:
+    """One attempt of a job on its placement."""
+
+    job_id: str
+    attempt: int
+    spec: JobSpec
+    option: Option
+    """The plan chosen (GPU type, count, parallel config, predicted memory and step time)."""
+    nodes: tuple[str, ...]
+    """Node names, one per node the placement takes."""
+    gpus_per_node: int
+    duration_s: float
+    """Predicted run time in cluster seconds."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExitInfo:
+    ok: bool
+    cause: str = ""
+    measured: dict[str, Any] = field(default_factory=dict)
+    """What the run measured (per-rank peak memory, step time), when it knows."""
+
+
+OnExit = Callable[[str, int, ExitInfo], None]
+
+
+class Executor(Protocol):
+    name: str
+
+    def launch(self, launch: Launch, on_exit: OnExit) -> None: ...
+
+    def cancel(self, job_id: str) -> None: ...
+
+    def running(self) -> set[str]: ...
+
+    def shutdown(self) -> None: ...
+
+
+EXECUTORS = ("simulated", "local", "ray")
+
+
+def make_executor(name: str, *, time_scale: float = 1.0, fail_rate: float = 0.0, seed: int = 0) -> Executor:
+    """An executor by name; ``ValueError`` names the allowed ones and says which are not built yet."""
+    if name == "simulated":
+        from frenzy_opt.executors.simulated import SimulatedExecutor
+
+        return SimulatedExecutor(time_scale=time_scale, fail_rate=fail_rate, seed=seed)
+    if name in ("local", "ray"):
+        raise ValueError(
+            f"executor {name!r} (torchrun / Ray) comes with the launcher (issue 6); available now: simulated"
+        )
+    raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {name!r}")

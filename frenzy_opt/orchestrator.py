@@ -1,0 +1,438 @@
+"""The orchestrator: one background loop that owns the GPU ledger and every job's state machine.
+
+    queued -> scheduled -> running -> succeeded | failed | cancelled
+    failed -> queued (retry, while attempts <= max_retries)
+
+Everything that changes state arrives as an event on one queue — a job accepted, an attempt ended (from
+the executor's thread), a cancel request, a stop — and the loop handles a batch of them, then runs one
+greedy HAS decision (:class:`frenzy_opt.solvers.greedy.GreedyState`, the same code the simulator and
+``frenzy solve`` run) and hands each placement to the executor. The ledger is the greedy state's free-GPU
+index: GPUs are taken only by a decision and given back on every end of an attempt (success, failure,
+cancel), so nothing is double-booked (property-tested). All state changes of a batch are written to the
+store in one transaction before the executor is told to launch.
+
+Per-tenant quotas per GPU type (Kueue's ClusterQueue nominal quotas, without borrowing) are enforced inside
+the decision (:class:`Quotas`, the greedy's admission hook): a job over its tenant's quota waits, with the
+reason.
+
+Recovery (:meth:`Orchestrator.start`): queued jobs are queued again in acceptance order; scheduled and
+running ones the executor still runs keep their GPUs; the others failed with the node or process and are
+retried (or fail for good past their retry limit).
+
+Cluster time is wall time since start x ``time_scale`` (the simulated executor's scale), so predicted
+durations and the scheduler's clock agree.
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from frenzy_opt.cluster import ClusterSpec
+from frenzy_opt.executors import Executor, ExitInfo, Launch
+from frenzy_opt.problem import Option, OptionCache, ProblemJob, SchedulingProblem
+from frenzy_opt.solvers.greedy import GreedyState
+from frenzy_opt.spec import JobSpec, parse_job
+from frenzy_opt.store import JobRecord, Store
+from frenzy_opt.topology import Topology
+
+
+class Quotas:
+    """Per-tenant GPU limits per type; a tenant with no entry for a type is unlimited there."""
+
+    def __init__(self, limits: dict[str, dict[str, int]], tenant_of: dict[str, str]) -> None:
+        self.limits = limits
+        self.tenant_of = tenant_of
+        self.used: dict[str, dict[str, int]] = {}
+        self.held: dict[str, tuple[str, str, int]] = {}
+
+    def limit(self, tenant: str, gpu_type: str) -> int | None:
+        return self.limits.get(tenant, {}).get(gpu_type)
+
+    def allows(self, job: str, option: Option) -> bool:
+        tenant = self.tenant_of[job]
+        limit = self.limit(tenant, option.gpu_type)
+        return limit is None or self.used.get(tenant, {}).get(option.gpu_type, 0) + option.num_gpus <= limit
+
+    def take(self, job: str, option: Option) -> None:
+        tenant = self.tenant_of[job]
+        per_type = self.used.setdefault(tenant, {})
+        per_type[option.gpu_type] = per_type.get(option.gpu_type, 0) + option.num_gpus
+        self.held[job] = (tenant, option.gpu_type, option.num_gpus)
+
+    def release(self, job: str) -> None:
+        held = self.held.pop(job, None)
+        if held is not None:
+            tenant, gpu_type, n = held
+            self.used[tenant][gpu_type] -= n
+
+    def explain(self, job: str, options: tuple[Option, ...]) -> str:
+        tenant = self.tenant_of[job]
+        parts = []
+        for gpu_type in sorted({o.gpu_type for o in options}):
+            limit = self.limit(tenant, gpu_type)
+            fewest = min(o.num_gpus for o in options if o.gpu_type == gpu_type)
+            used = self.used.get(tenant, {}).get(gpu_type, 0)
+            if limit is not None:
+                parts.append(f"{gpu_type}: needs {fewest}, quota {limit}, in use {used}")
+        return f"over quota for tenant {tenant!r} ({'; '.join(parts)})"
+
+
+@dataclass(slots=True)
+class Run:
+    """An attempt the ledger holds GPUs for."""
+
+    job_id: str
+    attempt: int
+    option: Option
+    nodes: tuple[int, ...]
+    start_s: float
+    end_s: float
+
+
+@dataclass(slots=True)
+class _Pending:
+    """State changes of one batch, written in one transaction."""
+
+    transitions: list[tuple[str, str, str, dict[str, Any]]] = field(default_factory=list)
+
+    def add(self, job_id: str, state: str, detail: str = "", **fields: Any) -> None:
+        self.transitions.append((job_id, state, detail, fields))
+
+
+class Orchestrator:
+    """The scheduling loop (module docstring)."""
+
+    def __init__(
+        self,
+        store: Store,
+        cluster: ClusterSpec,
+        executor: Executor,
+        *,
+        time_scale: float = 1.0,
+        quotas: dict[str, dict[str, int]] | None = None,
+        on_decision: Callable[[float, int], None] | None = None,
+        cache: OptionCache | None = None,
+    ) -> None:
+        self.store, self.cluster, self.executor = store, cluster, executor
+        self.time_scale = time_scale
+        self.topology = cache.topology if cache is not None else Topology(cluster)
+        self.cache = cache if cache is not None else OptionCache(cluster, self.topology)
+        self.state = GreedyState(SchedulingProblem(topology=self.topology, jobs=()))
+        self.tenant_of: dict[str, str] = {}
+        self.quotas = Quotas(quotas or {}, self.tenant_of)
+        self.specs: dict[str, JobSpec] = {}
+        self.max_retries: dict[str, int] = {}
+        self.weights: dict[str, float] = {}
+        self.attempts: dict[str, int] = {}
+        self.running: dict[str, Run] = {}
+        self.reasons: dict[str, str] = {}
+        self.decisions = 0
+        self.on_decision = on_decision
+        self._decided: dict[str, threading.Event] = {}
+        self._wake: list[threading.Event] = []
+        self._events: queue.Queue[tuple[Any, ...]] = queue.Queue()
+        self._lock = threading.RLock()
+        self._thread: threading.Thread | None = None
+        self._t0 = time.monotonic()
+
+    # --- clock and lifecycle --------------------------------------------------------------------------
+
+    def now(self) -> float:
+        """Cluster seconds since start."""
+        return (time.monotonic() - self._t0) * self.time_scale
+
+    def start(self) -> None:
+        """Recover from the store, then run the loop in a background thread."""
+        self.recover()
+        self._thread = threading.Thread(target=self._loop, name="frenzy-orchestrator", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self._thread is not None:
+            self._events.put(("stop",))
+            self._thread.join(timeout)
+            self._thread = None
+        self.executor.shutdown()
+
+    # --- called from other threads --------------------------------------------------------------------
+
+    def submit(self, record: JobRecord) -> threading.Event:
+        """Queue an accepted job; the returned event is set once a decision has considered it."""
+        decided = threading.Event()
+        with self._lock:
+            self._decided[record.id] = decided
+        self._events.put(("submit", record))
+        return decided
+
+    def cancel(self, job_id: str) -> Future[str]:
+        """Cancel a job; the future gives the state it ends in (``cancelled`` or its terminal state)."""
+        result: Future[str] = Future()
+        self._events.put(("cancel", job_id, result))
+        return result
+
+    def _on_exit(self, job_id: str, attempt: int, info: ExitInfo) -> None:
+        self._events.put(("exit", job_id, attempt, info))
+
+    def reason(self, job_id: str) -> str | None:
+        with self._lock:
+            return self.reasons.get(job_id)
+
+    def view(self) -> dict[str, Any]:
+        """A consistent copy of the ledger: GPUs per type and node, free and used, running jobs."""
+        with self._lock:
+            nodes: list[dict[str, Any]] = []
+            per_type: dict[str, dict[str, int]] = {}
+            for node in self.topology.nodes:
+                free = self.state.free[node.gpu.name].free[node.index]
+                nodes.append({"name": node.name, "gpu_type": node.gpu.name, "gpus": node.num_gpus, "free": free})
+                t = per_type.setdefault(node.gpu.name, {"gpus": 0, "free": 0, "used": 0})
+                t["gpus"] += node.num_gpus
+                t["free"] += free
+                t["used"] += node.num_gpus - free
+            running = [
+                {
+                    "job": r.job_id,
+                    "tenant": self.tenant_of.get(r.job_id, ""),
+                    "gpu_type": r.option.gpu_type,
+                    "num_gpus": r.option.num_gpus,
+                    "nodes": [self.topology.nodes[i].name for i in r.nodes],
+                    "attempt": r.attempt,
+                }
+                for r in self.running.values()
+            ]
+            return {
+                "name": self.cluster.name,
+                "gpu_types": per_type,
+                "nodes": nodes,
+                "running": running,
+                "queued": len(self.state.queue),
+            }
+
+    # --- the loop ---------------------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            batch = [self._events.get()]
+            while True:
+                try:
+                    batch.append(self._events.get_nowait())
+                except queue.Empty:
+                    break
+            if not self.process(batch):
+                return
+
+    def process(self, batch: list[tuple[Any, ...]]) -> bool:
+        """Handle a batch of events and run one decision; False once a stop event was seen. Public so that
+        tests can drive the orchestrator without its thread."""
+        pending = _Pending()
+        cancels: list[tuple[str, Future[str]]] = []
+        keep_going = True
+        with self._lock:
+            for event in batch:
+                kind = event[0]
+                if kind == "stop":
+                    keep_going = False
+                elif kind == "submit":
+                    self._enqueue(event[1], pending)
+                elif kind == "exit":
+                    self._exit(event[1], event[2], event[3], pending)
+                elif kind == "cancel":
+                    cancels.append((event[1], event[2]))
+                    self._cancel(event[1], pending)
+            launches = self._decide(pending) if keep_going else []
+        self._flush(pending)
+        wake, self._wake = self._wake, []
+        for waiter in wake:
+            waiter.set()
+        for job_id, future in cancels:
+            record = self.store.get(job_id)
+            future.set_result("unknown" if record is None else record.state)
+        for launch in launches:
+            self.executor.launch(launch, self._on_exit)
+        return keep_going
+
+    def _flush(self, pending: _Pending) -> None:
+        if pending.transitions:
+            self.store.apply(pending.transitions)
+
+    def _enqueue(self, record: JobRecord, pending: _Pending, *, retry: bool = False) -> None:
+        spec = parse_job(record.spec)
+        self.specs[record.id] = spec
+        self.tenant_of[record.id] = record.tenant
+        self.max_retries[record.id] = record.max_retries
+        self.weights[record.id] = record.weight
+        self.attempts.setdefault(record.id, record.attempts)
+        options = self.cache.options(spec)
+        if not options:
+            pending.add(record.id, "failed", "no memory-feasible plan fits this cluster's placement rules")
+            self._mark_decided(record.id)
+            return
+        self.state.queue[record.id] = ProblemJob(
+            id=record.id, arrival_s=self.now(), weight=record.weight, options=options
+        )
+        self.reasons[record.id] = "queued: waiting for the next decision"
+
+    def _release(self, job_id: str) -> Run | None:
+        run = self.running.pop(job_id, None)
+        if run is not None:
+            self.state.release(job_id)
+            self.quotas.release(job_id)
+        return run
+
+    def _exit(self, job_id: str, attempt: int, info: ExitInfo, pending: _Pending) -> None:
+        run = self.running.get(job_id)
+        if run is None or run.attempt != attempt:
+            return  # a cancelled or superseded attempt
+        self._release(job_id)
+        if info.ok:
+            pending.add(job_id, "succeeded", "completed", measured=info.measured or None)
+            self.reasons.pop(job_id, None)
+            return
+        self._retry_or_fail(job_id, info.cause or "attempt failed", pending)
+
+    def _retry_or_fail(self, job_id: str, cause: str, pending: _Pending) -> None:
+        attempts = self.attempts.get(job_id, 0)
+        limit = self.max_retries.get(job_id, 0)
+        if attempts <= limit:
+            pending.add(job_id, "failed", f"attempt {attempts} failed: {cause}")
+            pending.add(job_id, "queued", f"retry {attempts} of {limit}")
+            spec = self.specs[job_id]
+            self.state.queue[job_id] = ProblemJob(
+                id=job_id, arrival_s=self.now(), weight=self.weights.get(job_id, 1.0), options=self.cache.options(spec)
+            )
+            self.reasons[job_id] = f"queued for retry {attempts} of {limit} after: {cause}"
+        else:
+            pending.add(job_id, "failed", f"attempt {attempts} failed: {cause}; retry limit {limit} reached")
+            self.reasons.pop(job_id, None)
+
+    def _cancel(self, job_id: str, pending: _Pending) -> None:
+        if job_id in self.state.queue:
+            del self.state.queue[job_id]
+            pending.add(job_id, "cancelled", "cancelled while queued")
+        elif job_id in self.running:
+            self.executor.cancel(job_id)
+            self._release(job_id)
+            pending.add(job_id, "cancelled", "cancelled while running; GPUs released")
+        self.reasons.pop(job_id, None)
+
+    def _decide(self, pending: _Pending) -> list[Launch]:
+        now = self.now()
+        tick = time.perf_counter()
+        assignments = self.state.decide(now, admit=self.quotas)
+        elapsed = time.perf_counter() - tick
+        self.decisions += 1
+        if self.on_decision is not None:
+            self.on_decision(elapsed, len(self.state.queue))
+        launches = []
+        for a in assignments:
+            attempt = self.attempts.get(a.job, 0) + 1
+            self.attempts[a.job] = attempt
+            self.running[a.job] = Run(
+                job_id=a.job, attempt=attempt, option=a.option, nodes=a.nodes, start_s=now, end_s=a.end_s
+            )
+            names = tuple(self.topology.nodes[i].name for i in a.nodes)
+            plan = {**a.option.plan.to_dict(), "est_runtime_s": a.option.duration_s}
+            placement = {"nodes": list(names), "gpus_per_node": a.option.gpus_per_node, "start_s": now}
+            detail = f"{a.option.num_gpus} x {a.option.gpu_type} on {', '.join(names)}"
+            p = a.option.plan
+            predicted = {
+                "gpu_type": a.option.gpu_type,
+                "peak_allocated_bytes": p.peak_allocated_bytes,
+                "peak_reserved_bytes": p.peak_reserved_bytes,
+                "device_used_bytes": p.device_used_bytes,
+                "step_time_s": p.step_time_s,
+                "runtime_s": a.option.duration_s,
+            }
+            pending.add(
+                a.job, "scheduled", detail, plan=plan, placement=placement, attempts=attempt, predicted=predicted
+            )
+            pending.add(a.job, "running", f"attempt {attempt} launched ({self.executor.name})")
+            self.reasons.pop(a.job, None)
+            launches.append(
+                Launch(
+                    job_id=a.job,
+                    attempt=attempt,
+                    spec=self.specs[a.job],
+                    option=a.option,
+                    nodes=names,
+                    gpus_per_node=a.option.gpus_per_node,
+                    duration_s=a.option.duration_s,
+                )
+            )
+            self._mark_decided(a.job)
+        for job_id, job in self.state.queue.items():
+            waiting = self.state.waiting.get(job_id)
+            if waiting is None:
+                reason = "queued: no GPU free for it at the last decision"
+            elif waiting[0] is None:
+                reason = self.quotas.explain(job_id, job.options)
+            else:
+                option, start = waiting[0], waiting[1]
+                eta = "unknown" if math.isinf(start) else f"{max(start - now, 0):,.0f} s"
+                reason = f"waiting for {option.num_gpus} x {option.gpu_type} (estimated start in {eta})"
+            self.reasons[job_id] = reason
+            self._mark_decided(job_id)
+        return launches
+
+    def _mark_decided(self, job_id: str) -> None:
+        """Note that a decision considered the job; its waiter is woken once the batch is written."""
+        event = self._decided.pop(job_id, None)
+        if event is not None:
+            self._wake.append(event)
+
+    # --- recovery ---------------------------------------------------------------------------------------
+
+    def recover(self) -> dict[str, int]:
+        """Rebuild the queue and the ledger from the store (module docstring); counts per outcome."""
+        pending = _Pending()
+        alive = self.executor.running()
+        counts = {"queued": 0, "kept": 0, "retried": 0, "failed": 0}
+        with self._lock:
+            for record in self.store.active():
+                if record.state == "queued":
+                    self._enqueue(record, pending)
+                    counts["queued"] += 1
+                    continue
+                self._enqueue(record, pending)
+                del self.state.queue[record.id]
+                if record.id in alive and record.placement is not None and record.plan is not None:
+                    self._reattach(record)
+                    counts["kept"] += 1
+                    continue
+                self.attempts[record.id] = record.attempts
+                before = len(pending.transitions)
+                self._retry_or_fail(record.id, "lost on restart: the executor no longer runs it", pending)
+                counts["retried" if len(pending.transitions) - before == 2 else "failed"] += 1
+        self._flush(pending)
+        return counts
+
+    def _reattach(self, record: JobRecord) -> None:
+        assert record.placement is not None and record.plan is not None
+        by_name = {n.name: n.index for n in self.topology.nodes}
+        nodes = tuple(by_name[name] for name in record.placement["nodes"])
+        options = self.cache.options(self.specs[record.id])
+        option = next(
+            (o for o in options if o.gpu_type == record.plan["gpu_type"] and o.num_gpus == record.plan["num_gpus"]),
+            None,
+        )
+        if option is None:  # the plan is no longer among the options (e.g. a new catalogue): keep its shape
+            option = options[0]
+        per_node = int(record.placement["gpus_per_node"])
+        end = self.now() + float(record.plan.get("est_runtime_s") or option.duration_s)
+        self.state.occupy(record.id, nodes, per_node, end)
+        self.quotas.take(record.id, option)
+        self.running[record.id] = Run(
+            job_id=record.id, attempt=record.attempts, option=option, nodes=nodes, start_s=self.now(), end_s=end
+        )
+
+
+def new_job_id() -> str:
+    return f"job-{uuid.uuid4().hex[:16]}"

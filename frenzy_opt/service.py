@@ -1,0 +1,165 @@
+"""Running the HTTP service: ``frenzy serve`` (uvicorn in the foreground) and ``frenzy demo`` (the service in a
+background thread, a workload submitted over HTTP, the scheduler's decisions printed as they happen)."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+
+from frenzy_opt.api.app import ServiceConfig, create_app
+from frenzy_opt.api.auth import load_tenants
+from frenzy_opt.cluster import ClusterSpec
+from frenzy_opt.executors import make_executor
+from frenzy_opt.scenario import Scenario
+
+DEFAULT_DB = "sqlite:///frenzy-opt.db"
+
+
+def build_config(
+    cluster: ClusterSpec,
+    *,
+    db_url: str = DEFAULT_DB,
+    executor: str = "simulated",
+    tokens: str | None = None,
+    time_scale: float = 1.0,
+    fail_rate: float = 0.0,
+) -> ServiceConfig:
+    if not time_scale > 0:
+        raise ValueError(f"--time-scale must be > 0, got {time_scale}")
+    tenants = load_tenants(tokens, [g.name for g in cluster.gpu_types()])
+    return ServiceConfig(
+        cluster=cluster,
+        db_url=db_url,
+        executor=make_executor(executor, time_scale=time_scale, fail_rate=fail_rate),
+        tenants=tenants,
+        time_scale=time_scale,
+    )
+
+
+def serve(config: ServiceConfig, host: str, port: int) -> None:
+    """Run the service until interrupted."""
+    uvicorn.run(create_app(config), host=host, port=port, log_level="info")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def background_server(config: ServiceConfig, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
+    """A uvicorn server of the service in a thread; yields its base URL, shuts it down cleanly after."""
+    port = port or free_port(host)
+    server = uvicorn.Server(uvicorn.Config(create_app(config), host=host, port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, name="frenzy-uvicorn", daemon=True)
+    thread.start()
+    url = f"http://{host}:{port}"
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            raise RuntimeError(f"the service did not start on {url}")
+        time.sleep(0.02)
+    try:
+        yield url
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+def _spec_json(job: Any) -> dict[str, Any]:
+    spec = job.spec
+    body: dict[str, Any] = {
+        "name": job.id,
+        "model": spec.model.name if spec.model.name != "inline" else spec.model.to_dict(),
+        "training": {
+            "seq_len": spec.training.seq_len,
+            "micro_batch_size": spec.training.micro_batch_size,
+            "global_batch_size": spec.training.global_batch_size,
+            "train_steps": spec.training.train_steps,
+            "precision": spec.training.precision,
+            "optimizer": spec.training.optimizer,
+            "runtime": spec.training.runtime,
+        },
+        "weight": job.weight,
+    }
+    if isinstance(body["model"], dict):
+        body["model"] = {k: v for k, v in body["model"].items() if v is not None and k != "name"}
+    if spec.pinned:
+        body["parallel"] = {k: getattr(spec.parallel, k) for k in sorted(spec.pinned)}
+    return body
+
+
+def _describe(item: dict[str, Any], name: str, now: float, age_s: float) -> str | None:
+    """One line for a job's new state."""
+    clock = f"[{now / 3600:6.2f} h]"
+    if item["state"] == "running" and item["plan"]:
+        plan, nodes = item["plan"], ", ".join(item["placement"]["nodes"])
+        par = plan["parallel"]
+        shape = f"dp{par['dp']} tp{par['tp']} pp{par['pp']} zero{par['zero_stage']}"
+        hours = plan["est_runtime_s"] / 3600
+        return f"{clock} start   {name:<22} {plan['num_gpus']} x {plan['gpu_type']} {shape} on {nodes}; {hours:.2f} h"
+    if item["state"] == "queued":
+        return f"{clock} wait    {name:<22} {item['reason']}"
+    if item["state"] in ("succeeded", "failed", "cancelled"):
+        return f"{clock} {item['state']:<7} {name:<22} JCT {age_s / 3600:.2f} h"
+    return None
+
+
+def demo(
+    scenario: Scenario, *, time_scale: float, say: Callable[[str], None], timeout_s: float = 120.0
+) -> dict[str, Any]:
+    """Start the service on the scenario's cluster with the simulated executor, submit the scenario's jobs
+    over HTTP at their (scaled) arrival times, print every state change, and stop when all jobs ended."""
+    with tempfile.TemporaryDirectory(prefix="frenzy-demo-") as tmp:
+        config = build_config(
+            scenario.cluster, db_url=f"sqlite:///{Path(tmp) / 'demo.db'}", executor="simulated", time_scale=time_scale
+        )
+        with background_server(config) as url, httpx.Client(base_url=url, timeout=30) as client:
+            say(f"service up at {url} — cluster {scenario.cluster.name} ({scenario.cluster.num_gpus} GPUs), "
+                f"simulated executor, {time_scale:g} cluster seconds per second")  # fmt: skip
+            started = time.monotonic()
+            pending = sorted(scenario.jobs, key=lambda j: j.arrival_s)
+            ids: dict[str, str] = {}
+            seen: dict[str, str] = {}
+            submitted_at: dict[str, float] = {}
+            ended_at: dict[str, float] = {}
+            while True:
+                now = (time.monotonic() - started) * time_scale
+                while pending and pending[0].arrival_s <= now:
+                    job = pending.pop(0)
+                    answer = client.post("/v1/jobs", json=_spec_json(job))
+                    answer.raise_for_status()
+                    body = answer.json()
+                    ids[body["id"]] = job.id
+                    submitted_at[body["id"]] = now
+                    say(f"[{now / 3600:6.2f} h] submit  {job.id:<22} -> {body['id']} ({body['state']})")
+                for item in client.get("/v1/jobs", params={"limit": 500}).json()["items"]:
+                    if item["id"] not in ids or seen.get(item["id"]) == item["state"]:
+                        continue
+                    seen[item["id"]] = item["state"]
+                    name = ids[item["id"]]
+                    if item["state"] in ("succeeded", "failed", "cancelled"):
+                        ended_at[item["id"]] = now
+                    line = _describe(item, name, now, now - submitted_at[item["id"]])
+                    if line:
+                        say(line)
+                if not pending and len(ended_at) == len(ids):
+                    break
+                if time.monotonic() - started > timeout_s:
+                    raise RuntimeError(f"demo: jobs still running after {timeout_s:.0f} s of wall time")
+                time.sleep(0.1)
+            cluster = client.get("/v1/cluster").json()
+            states = {name: seen[job_id] for job_id, name in ids.items()}
+            say(f"all {len(ids)} jobs ended; GPUs in use now: {sum(t['used'] for t in cluster['gpu_types'].values())}")
+        jct = [(ended_at[i] - submitted_at[i]) for i in ids]
+        return {"jobs": states, "avg_jct_s": sum(jct) / len(jct), "wall_s": time.monotonic() - started}

@@ -1,0 +1,288 @@
+"""Durable job state: SQLAlchemy over SQLite (WAL) by default, any SQLAlchemy URL (e.g. PostgreSQL) by choice.
+
+Tables: ``jobs`` (one row per accepted job: tenant, spec, state, plan, placement, attempts, the reason it
+waits or failed, predicted and measured figures) and ``job_events`` (every state change, in order). A job is
+written once when it is accepted, in the same transaction as its first event, so a crash never leaves half a
+job; the orchestrator is the only writer of state changes.
+
+Sessions are opened where they are used (``with store.session() as s``) and closed at once: never held by
+a request for its whole life (a session taken from a yield dependency exhausted the pool at 50 concurrent
+requests in an earlier service).
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import (
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+    create_engine,
+    event,
+    func,
+    select,
+)
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+
+STATES = ("queued", "scheduled", "running", "succeeded", "failed", "cancelled")
+TERMINAL = ("succeeded", "failed", "cancelled")
+ACTIVE = ("queued", "scheduled", "running")
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class JobRow(Base):
+    __tablename__ = "jobs"
+    __table_args__ = (
+        UniqueConstraint("tenant", "idempotency_key", name="uq_jobs_tenant_key"),
+        Index("ix_jobs_tenant_state", "tenant", "state"),
+    )
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    seq: Mapped[int] = mapped_column(Integer, unique=True)
+    """Acceptance order (the queue order after a restart)."""
+    tenant: Mapped[str] = mapped_column(String(100))
+    name: Mapped[str] = mapped_column(String(200))
+    idempotency_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    request_hash: Mapped[str] = mapped_column(String(64))
+    spec_json: Mapped[str] = mapped_column(Text)
+    state: Mapped[str] = mapped_column(String(20), index=True)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    max_retries: Mapped[int] = mapped_column(Integer, default=2)
+    weight: Mapped[float] = mapped_column(Float, default=1.0)
+    plan_json: Mapped[str | None] = mapped_column(Text, nullable=True)
+    placement_json: Mapped[str | None] = mapped_column(Text, nullable=True)
+    predicted_json: Mapped[str | None] = mapped_column(Text, nullable=True)
+    measured_json: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)
+
+
+class EventRow(Base):
+    __tablename__ = "job_events"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
+    at: Mapped[float] = mapped_column(Float)
+    state: Mapped[str] = mapped_column(String(20))
+    detail: Mapped[str] = mapped_column(Text, default="")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobRecord:
+    """A job as stored, detached from any session."""
+
+    id: str
+    seq: int
+    tenant: str
+    name: str
+    idempotency_key: str | None
+    request_hash: str
+    spec: dict[str, Any]
+    state: str
+    reason: str
+    attempts: int
+    max_retries: int
+    weight: float
+    plan: dict[str, Any] | None
+    placement: dict[str, Any] | None
+    predicted: dict[str, Any] | None
+    measured: dict[str, Any] | None
+    created_at: float
+    updated_at: float
+
+    @staticmethod
+    def of(row: JobRow) -> JobRecord:
+        def load(text: str | None) -> dict[str, Any] | None:
+            return None if text is None else dict(json.loads(text))
+
+        return JobRecord(
+            id=row.id,
+            seq=row.seq,
+            tenant=row.tenant,
+            name=row.name,
+            idempotency_key=row.idempotency_key,
+            request_hash=row.request_hash,
+            spec=json.loads(row.spec_json),
+            state=row.state,
+            reason=row.reason,
+            attempts=row.attempts,
+            max_retries=row.max_retries,
+            weight=row.weight,
+            plan=load(row.plan_json),
+            placement=load(row.placement_json),
+            predicted=load(row.predicted_json),
+            measured=load(row.measured_json),
+            created_at=row.created_at,
+            updated_at=row.updated_at,
+        )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EventRecord:
+    at: float
+    state: str
+    detail: str
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _: Any) -> None:
+    # WAL: readers never block the writer and a crash loses at most the last transaction's fsync
+    # (https://www.sqlite.org/wal.html); NORMAL sync is durable across process crashes in WAL mode.
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA busy_timeout=5000")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.close()
+
+
+class Store:
+    """The job database."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        kwargs: dict[str, Any] = {}
+        if url.startswith("sqlite"):
+            kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
+        self.engine: Engine = create_engine(url, **kwargs)
+        if url.startswith("sqlite"):
+            event.listen(self.engine, "connect", _sqlite_pragmas)
+        Base.metadata.create_all(self.engine)
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
+        self._accept = threading.Lock()  # serialises acceptance order (``seq``) within the process
+
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        with self._sessions() as s, s.begin():
+            yield s
+
+    def close(self) -> None:
+        self.engine.dispose()
+
+    # --- writes ----------------------------------------------------------------------------------------
+
+    def add_job(
+        self,
+        *,
+        job_id: str,
+        tenant: str,
+        name: str,
+        spec: dict[str, Any],
+        request_hash: str,
+        idempotency_key: str | None,
+        max_retries: int,
+        weight: float,
+        predicted: dict[str, Any] | None,
+    ) -> JobRecord:
+        """Accept a job: its row and its first event in one transaction."""
+        now = time.time()
+        with self._accept, self.session() as s:
+            seq = (s.scalar(select(func.max(JobRow.seq))) or 0) + 1
+            row = JobRow(
+                id=job_id,
+                seq=seq,
+                tenant=tenant,
+                name=name,
+                idempotency_key=idempotency_key,
+                request_hash=request_hash,
+                spec_json=json.dumps(spec, sort_keys=True),
+                state="queued",
+                reason="accepted",
+                attempts=0,
+                max_retries=max_retries,
+                weight=weight,
+                predicted_json=None if predicted is None else json.dumps(predicted),
+                created_at=now,
+                updated_at=now,
+            )
+            s.add(row)
+            s.flush()  # the row before its event (the foreign key)
+            s.add(EventRow(job_id=job_id, at=now, state="queued", detail="accepted"))
+            s.flush()
+            return JobRecord.of(row)
+
+    def transition(self, job_id: str, state: str, detail: str = "", **fields: Any) -> None:
+        """Move a job to ``state`` (recording the event) and set other columns (``plan``, ``placement``,
+        ``measured``: JSON-encoded; ``attempts``, ``reason``)."""
+        self.apply([(job_id, state, detail, fields)])
+
+    def apply(self, transitions: list[tuple[str, str, str, dict[str, Any]]]) -> None:
+        """Several :meth:`transition` s in order, in one transaction."""
+        for _, state, _, _ in transitions:
+            if state not in STATES:
+                raise ValueError(f"state must be one of {', '.join(STATES)}, got {state!r}")
+        now = time.time()
+        with self.session() as s:
+            for job_id, state, detail, fields in transitions:
+                row = s.get(JobRow, job_id)
+                if row is None:
+                    raise KeyError(job_id)
+                row.state = state
+                row.reason = fields.get("reason", detail)
+                row.updated_at = now
+                for key, value in fields.items():
+                    if key in ("plan", "placement", "measured", "predicted"):
+                        setattr(row, f"{key}_json", None if value is None else json.dumps(value))
+                    elif key != "reason":
+                        setattr(row, key, value)
+                s.add(EventRow(job_id=job_id, at=now, state=state, detail=detail))
+
+    def set_reason(self, job_id: str, reason: str) -> None:
+        """Why a queued job waits (not a state change: no event)."""
+        with self.session() as s:
+            row = s.get(JobRow, job_id)
+            if row is not None and row.reason != reason:
+                row.reason = reason
+
+    # --- reads -----------------------------------------------------------------------------------------
+
+    def get(self, job_id: str) -> JobRecord | None:
+        with self.session() as s:
+            row = s.get(JobRow, job_id)
+            return None if row is None else JobRecord.of(row)
+
+    def by_key(self, tenant: str, key: str) -> JobRecord | None:
+        with self.session() as s:
+            row = s.scalar(select(JobRow).where(JobRow.tenant == tenant, JobRow.idempotency_key == key))
+            return None if row is None else JobRecord.of(row)
+
+    def events(self, job_id: str) -> list[EventRecord]:
+        with self.session() as s:
+            rows = s.scalars(select(EventRow).where(EventRow.job_id == job_id).order_by(EventRow.id))
+            return [EventRecord(at=r.at, state=r.state, detail=r.detail) for r in rows]
+
+    def list_jobs(
+        self, *, tenant: str | None, state: str | None, limit: int, offset: int
+    ) -> tuple[list[JobRecord], int]:
+        """A page of jobs in acceptance order, and the total that match."""
+        with self.session() as s:
+            query = select(JobRow)
+            count = select(func.count()).select_from(JobRow)
+            if tenant is not None:
+                query, count = query.where(JobRow.tenant == tenant), count.where(JobRow.tenant == tenant)
+            if state is not None:
+                query, count = query.where(JobRow.state == state), count.where(JobRow.state == state)
+            total = int(s.scalar(count) or 0)
+            rows = s.scalars(query.order_by(JobRow.seq).limit(limit).offset(offset))
+            return [JobRecord.of(r) for r in rows], total
+
+    def active(self) -> list[JobRecord]:
+        """Jobs not in a terminal state, in acceptance order (for recovery)."""
+        with self.session() as s:
+            rows = s.scalars(select(JobRow).where(JobRow.state.in_(ACTIVE)).order_by(JobRow.seq))
+            return [JobRecord.of(r) for r in rows]

@@ -1,0 +1,211 @@
+"""The orchestrator without its thread: the GPU ledger under random submit / finish / fail / cancel sequences
+(nothing double-booked, GPUs back on every end, store and memory agree), retries, quotas, recovery."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from frenzy_opt.executors import ExitInfo, Launch, OnExit
+from frenzy_opt.orchestrator import Orchestrator
+from frenzy_opt.problem import OptionCache
+from frenzy_opt.scenario import load_cluster_ref
+from frenzy_opt.store import Store
+from frenzy_opt.topology import Topology
+
+CLUSTER = load_cluster_ref("paper-3type")
+CACHE = OptionCache(CLUSTER, Topology(CLUSTER))  # plan searches shared by every example
+SPECS = [
+    {"model": "gpt3-125m", "training": {"seq_len": 1024, "global_batch_size": 32, "train_steps": 50}},
+    {"model": "gpt3-1.3b", "training": {"seq_len": 2048, "global_batch_size": 64, "train_steps": 500}},
+    {"model": "llama3-8b", "training": {"seq_len": 4096, "global_batch_size": 256, "train_steps": 5000}},
+]
+COUNTER = itertools.count()
+
+
+class FakeExecutor:
+    """Runs nothing: the test decides when each attempt ends."""
+
+    name = "fake"
+
+    def __init__(self, alive: set[str] | None = None) -> None:
+        self.launched: dict[str, Launch] = {}
+        self.alive = alive or set()
+
+    def launch(self, launch: Launch, on_exit: OnExit) -> None:
+        self.launched[launch.job_id] = launch
+
+    def cancel(self, job_id: str) -> None:
+        self.launched.pop(job_id, None)
+
+    def running(self) -> set[str]:
+        return set(self.launched) | self.alive
+
+    def shutdown(self) -> None:
+        self.launched.clear()
+
+
+def _orchestrator(tmp_path: Path, quotas: dict[str, dict[str, int]] | None = None) -> Orchestrator:
+    store = Store(f"sqlite:///{tmp_path / f'ledger-{next(COUNTER)}.db'}")
+    return Orchestrator(store, CLUSTER, FakeExecutor(), time_scale=1000.0, quotas=quotas, cache=CACHE)
+
+
+def _submit(orch: Orchestrator, spec: dict[str, object], tenant: str = "t", retries: int = 1) -> str:
+    record = orch.store.add_job(
+        job_id=f"job-{next(COUNTER)}", tenant=tenant, name="j", spec=spec, request_hash="h", idempotency_key=None,
+        max_retries=retries, weight=1.0, predicted=None,
+    )  # fmt: skip
+    orch.process([("submit", record)])
+    return record.id
+
+
+def _check_ledger(orch: Orchestrator) -> None:
+    held = {n.index: 0 for n in orch.topology.nodes}
+    for run in orch.running.values():
+        for node in run.nodes:
+            held[node] += run.option.gpus_per_node
+    for node in orch.topology.nodes:
+        free = orch.state.free[node.gpu.name].free[node.index]
+        assert free >= 0 and free + held[node.index] == node.num_gpus
+    assert not set(orch.running) & set(orch.state.queue)
+    states = {r.id: r.state for r in orch.store.list_jobs(tenant=None, state=None, limit=10_000, offset=0)[0]}
+    assert {j for j, s in states.items() if s == "running"} == set(orch.running)
+    assert {j for j, s in states.items() if s == "queued"} == set(orch.state.queue)
+    for tenant, per_type in orch.quotas.used.items():
+        for gpu_type, used in per_type.items():
+            expected = sum(
+                r.option.num_gpus
+                for r in orch.running.values()
+                if orch.tenant_of[r.job_id] == tenant and r.option.gpu_type == gpu_type
+            )
+            assert used == expected
+
+
+OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("submit"), st.integers(0, len(SPECS) - 1), st.sampled_from(["a", "b"])),
+        st.tuples(st.just("finish"), st.integers(0, 50), st.booleans()),
+        st.tuples(st.just("cancel"), st.integers(0, 50), st.just(False)),
+    ),
+    min_size=1,
+    max_size=25,
+)
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
+)
+@given(OPS)
+def test_the_ledger_never_double_books_and_gets_every_gpu_back(
+    tmp_path: Path, ops: list[tuple[str, int, object]]
+) -> None:
+    orch = _orchestrator(tmp_path, quotas={"b": {"A100-SXM4-80GB": 8}})
+    executor = orch.executor
+    assert isinstance(executor, FakeExecutor)
+    submitted: list[str] = []
+    for op, k, arg in ops:
+        if op == "submit":
+            submitted.append(_submit(orch, SPECS[k], tenant=str(arg)))
+        elif op == "finish" and orch.running:
+            job = sorted(orch.running)[k % len(orch.running)]
+            launch = executor.launched.pop(job)
+            orch.process([("exit", job, launch.attempt, ExitInfo(ok=bool(arg), cause="test"))])
+        elif op == "cancel" and submitted:
+            from concurrent.futures import Future
+
+            orch.process([("cancel", submitted[k % len(submitted)], Future())])
+        _check_ledger(orch)
+    # End everything: every GPU comes back.
+    while orch.running or orch.state.queue:
+        for job in list(orch.running):
+            launch = executor.launched.pop(job)
+            orch.process([("exit", job, launch.attempt, ExitInfo(ok=True))])
+        _check_ledger(orch)
+    assert all(index.count == sum(index.free.values()) for index in orch.state.free.values())
+    assert sum(index.count for index in orch.state.free.values()) == CLUSTER.num_gpus
+    orch.store.close()
+
+
+def test_failed_attempts_are_retried_up_to_the_limit(tmp_path: Path) -> None:
+    orch = _orchestrator(tmp_path)
+    executor = orch.executor
+    assert isinstance(executor, FakeExecutor)
+    job = _submit(orch, SPECS[0], retries=1)
+    for _ in range(2):
+        launch = executor.launched.pop(job)
+        orch.process([("exit", job, launch.attempt, ExitInfo(ok=False, cause="rank 1 exited with code 9"))])
+    record = orch.store.get(job)
+    assert record is not None and record.state == "failed" and record.attempts == 2
+    history = [(e.state, e.detail) for e in orch.store.events(job)]
+    assert [s for s, _ in history] == [
+        "queued",
+        "scheduled",
+        "running",
+        "failed",
+        "queued",
+        "scheduled",
+        "running",
+        "failed",
+    ]
+    assert "retry limit 1 reached" in history[-1][1] and "code 9" in history[-1][1]
+    _check_ledger(orch)
+
+
+def test_stale_exits_of_cancelled_attempts_are_ignored(tmp_path: Path) -> None:
+    from concurrent.futures import Future
+
+    orch = _orchestrator(tmp_path)
+    executor = orch.executor
+    assert isinstance(executor, FakeExecutor)
+    job = _submit(orch, SPECS[1])
+    attempt = executor.launched[job].attempt
+    done: Future[str] = Future()
+    orch.process([("cancel", job, done)])
+    assert done.result() == "cancelled"
+    orch.process([("exit", job, attempt, ExitInfo(ok=True))])
+    record = orch.store.get(job)
+    assert record is not None and record.state == "cancelled"
+    _check_ledger(orch)
+
+
+def test_recovery_keeps_live_runs_and_retries_lost_ones(tmp_path: Path) -> None:
+    db = f"sqlite:///{tmp_path / 'recover.db'}"
+    first = Orchestrator(Store(db), CLUSTER, FakeExecutor(), time_scale=1000.0, cache=CACHE)
+    jobs = [_submit(first, SPECS[2]) for _ in range(4)]
+    running = sorted(first.running)
+    queued = sorted(first.state.queue)
+    assert running and queued
+    # "Restart": a new orchestrator on the same database; the executor still runs only the first job.
+    survivor = running[0]
+    second = Orchestrator(Store(db), CLUSTER, FakeExecutor(alive={survivor}), time_scale=1000.0, cache=CACHE)
+    counts = second.recover()
+    assert counts == {"queued": len(queued), "kept": 1, "retried": len(running) - 1, "failed": 0}
+    assert set(second.running) == {survivor}
+    assert set(second.state.queue) == set(jobs) - {survivor}
+    lost = [j for j in running if j != survivor]
+    for job in lost:
+        details = [e.detail for e in second.store.events(job)]
+        assert any("lost on restart" in d for d in details)
+    _check_ledger(second)
+
+
+def test_quota_blocks_with_the_reason_and_frees_with_the_job(tmp_path: Path) -> None:
+    orch = _orchestrator(tmp_path, quotas={"a": {"A100-SXM4-80GB": 0, "V100-SXM2-32GB": 0, "RTX-3090": 0}})
+    job = _submit(orch, SPECS[0], tenant="a")
+    assert job in orch.state.queue
+    reason = orch.reason(job)
+    assert reason is not None and "over quota for tenant 'a'" in reason and "quota 0" in reason
+    other = _submit(orch, SPECS[0], tenant="b")
+    assert other in orch.running
+
+
+@pytest.mark.parametrize("bad", ["finished", ""])
+def test_store_refuses_unknown_states(tmp_path: Path, bad: str) -> None:
+    orch = _orchestrator(tmp_path)
+    job = _submit(orch, SPECS[0])
+    with pytest.raises(ValueError, match="state must be one of"):
+        orch.store.transition(job, bad)

@@ -1,0 +1,212 @@
+"""The HTTP service through the real app (TestClient): submission, idempotency, listing, cancel, tenants and
+quotas, bad input, dry-run plans, cluster view, health and metrics."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from frenzy_opt.api.app import ServiceConfig, create_app
+from frenzy_opt.api.auth import parse_tenants
+from frenzy_opt.executors.simulated import SimulatedExecutor
+from frenzy_opt.scenario import load_cluster_ref
+
+A, B, ADMIN = "token-team-a", "token-team-b", "token-admin-1"
+TENANTS = {
+    "tokens": [
+        {"token": A, "tenant": "team-a"},
+        {"token": B, "tenant": "team-b"},
+        {"token": ADMIN, "tenant": "ops", "admin": True},
+    ],
+    "quotas": {"team-b": {"A100-SXM4-80GB": 0, "V100-SXM2-32GB": 0, "RTX-3090": 4}},
+}
+SMALL = {"model": "gpt3-125m", "training": {"seq_len": 1024, "global_batch_size": 32, "train_steps": 50}}
+LONG = {"model": "llama3-8b", "training": {"seq_len": 4096, "global_batch_size": 512, "train_steps": 100_000}}
+
+
+def _client(tmp_path: Path, time_scale: float, tenants: dict[str, Any] | None = TENANTS) -> TestClient:
+    cluster = load_cluster_ref("paper-3type")
+    config = ServiceConfig(
+        cluster=cluster,
+        db_url=f"sqlite:///{tmp_path / 'jobs.db'}",
+        executor=SimulatedExecutor(time_scale=time_scale),
+        tenants=parse_tenants(tenants or {}, [g.name for g in cluster.gpu_types()]),
+        time_scale=time_scale,
+        decision_wait_s=5.0,
+    )
+    return TestClient(create_app(config))
+
+
+@pytest.fixture
+def fast(tmp_path: Path) -> Iterator[TestClient]:
+    """Jobs finish in milliseconds (a billion cluster seconds per second)."""
+    with _client(tmp_path, 1e9) as client:
+        yield client
+
+
+@pytest.fixture
+def slow(tmp_path: Path) -> Iterator[TestClient]:
+    """Jobs run for minutes of wall time: states stay put while a test looks."""
+    with _client(tmp_path, 1.0) as client:
+        yield client
+
+
+def auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def wait_for(client: TestClient, job_id: str, token: str, states: set[str], timeout: float = 20) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        body: dict[str, Any] = client.get(f"/v1/jobs/{job_id}", headers=auth(token)).json()
+        if body["state"] in states or time.monotonic() > deadline:
+            return body
+        time.sleep(0.02)
+
+
+def test_submit_answers_202_with_the_plan_and_the_job_runs_to_success(fast: TestClient) -> None:
+    answer = fast.post("/v1/jobs", json=SMALL, headers=auth(A))
+    assert answer.status_code == 202
+    body = answer.json()
+    assert body["id"].startswith("job-") and body["tenant"] == "team-a"
+    assert body["state"] in ("running", "succeeded") and body["plan"]["num_gpus"] >= 1
+    done = wait_for(fast, body["id"], A, {"succeeded"})
+    assert [e["state"] for e in done["history"]] == ["queued", "scheduled", "running", "succeeded"]
+    assert done["predicted"]["peak_allocated_bytes"] == done["plan"]["peak_allocated_bytes"]
+    assert done["measured"]["step_time_s"] == pytest.approx(done["predicted"]["step_time_s"])
+    assert len(done["placement"]["nodes"]) >= 1
+
+
+def test_idempotency_key_returns_the_same_job_and_refuses_a_different_body(fast: TestClient) -> None:
+    key = {"Idempotency-Key": "submit-42", **auth(A)}
+    first = fast.post("/v1/jobs", json=SMALL, headers=key).json()
+    again = fast.post("/v1/jobs", json=SMALL, headers=key)
+    assert again.status_code == 202 and again.json()["id"] == first["id"]
+    other = fast.post("/v1/jobs", json={**SMALL, "weight": 2.0}, headers=key)
+    assert other.status_code == 409
+    assert fast.get("/v1/jobs", headers=auth(A)).json()["total"] == 1
+    # Keys are per tenant: team-b's "submit-42" is another job.
+    assert fast.post("/v1/jobs", json=SMALL, headers={**key, **auth(B)}).json()["id"] != first["id"]
+
+
+def test_list_filters_by_state_and_paginates(fast: TestClient) -> None:
+    ids = [fast.post("/v1/jobs", json=SMALL, headers=auth(A)).json()["id"] for _ in range(5)]
+    for job_id in ids:
+        wait_for(fast, job_id, A, {"succeeded"})
+    page = fast.get("/v1/jobs", params={"limit": 2, "offset": 2}, headers=auth(A)).json()
+    assert [j["id"] for j in page["items"]] == ids[2:4]
+    assert page["total"] == 5 and page["next_offset"] == 4
+    last = fast.get("/v1/jobs", params={"limit": 2, "offset": 4}, headers=auth(A)).json()
+    assert last["next_offset"] is None
+    assert fast.get("/v1/jobs", params={"state": "succeeded"}, headers=auth(A)).json()["total"] == 5
+    assert fast.get("/v1/jobs", params={"state": "queued"}, headers=auth(A)).json()["total"] == 0
+    for bad in ({"limit": 0}, {"limit": 501}, {"offset": -1}, {"state": "done"}):
+        assert fast.get("/v1/jobs", params=bad, headers=auth(A)).status_code == 422
+
+
+def test_cancel_queued_and_running_jobs_releases_their_gpus(slow: TestClient) -> None:
+    running = [slow.post("/v1/jobs", json=LONG, headers=auth(A)).json() for _ in range(4)]
+    states = [j["state"] for j in running]
+    assert "running" in states and "queued" in states  # the cluster is full: later ones wait
+    queued = next(j for j in running if j["state"] == "queued")
+    assert "waiting for" in queued["reason"] or "no GPU free" in queued["reason"]
+    answer = slow.post(f"/v1/jobs/{queued['id']}/cancel", headers=auth(A))
+    assert answer.status_code == 200 and answer.json()["state"] == "cancelled"
+    assert slow.post(f"/v1/jobs/{queued['id']}/cancel", headers=auth(A)).status_code == 409
+    for job in running:
+        slow.post(f"/v1/jobs/{job['id']}/cancel", headers=auth(A))
+    cluster = slow.get("/v1/cluster", headers=auth(ADMIN)).json()
+    assert all(t["used"] == 0 for t in cluster["gpu_types"].values()) and cluster["running"] == []
+    assert {j["state"] for j in slow.get("/v1/jobs", headers=auth(A)).json()["items"]} == {"cancelled"}
+
+
+def test_tenants_see_only_their_jobs_and_the_admin_sees_all(fast: TestClient) -> None:
+    mine = fast.post("/v1/jobs", json=SMALL, headers=auth(A)).json()["id"]
+    assert fast.post("/v1/jobs", json=SMALL).status_code == 401
+    assert fast.get("/v1/jobs", headers=auth("wrong-token")).status_code == 401
+    assert fast.get(f"/v1/jobs/{mine}", headers=auth(B)).status_code == 404
+    assert fast.post(f"/v1/jobs/{mine}/cancel", headers=auth(B)).status_code == 404
+    assert fast.get("/v1/jobs", headers=auth(B)).json()["total"] == 0
+    assert fast.get(f"/v1/jobs/{mine}", headers=auth(ADMIN)).status_code == 200
+    assert fast.get("/v1/jobs", headers=auth(ADMIN)).json()["total"] == 1
+
+
+def test_quotas_are_enforced_by_the_scheduler_with_the_reason(slow: TestClient) -> None:
+    # team-b may hold 4 RTX-3090 and nothing else: a job needing more waits, over quota, on an empty cluster.
+    big = slow.post("/v1/jobs", json=LONG, headers=auth(B)).json()
+    assert big["state"] == "queued" and "over quota for tenant 'team-b'" in big["reason"]
+    small = slow.post("/v1/jobs", json=SMALL, headers=auth(B)).json()
+    assert small["state"] == "running" and small["plan"]["gpu_type"] == "RTX-3090"
+    assert small["plan"]["num_gpus"] <= 4
+    # team-a has no quota: the same big job starts.
+    assert slow.post("/v1/jobs", json=LONG, headers=auth(A)).json()["state"] == "running"
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ({**SMALL, "training": {"precision": "fp64"}}, "'bf16', 'fp16', 'fp32' or 'fp8'"),
+        ({"model": "gpt-9"}, "allowed: gpt3-1.3b"),
+        ({**SMALL, "training": {"seq_len": 10**12}}, "less than or equal to 1048576"),
+        ({**SMALL, "gpus": 8}, "Extra inputs are not permitted"),
+        ({"model": "llama3.1-405b"}, "the largest GPU available is A100-SXM4-80GB with 80.0 GiB"),
+        ({**SMALL, "parallel": {"dp": 3, "ep": 2}}, "parallel.ep (2) must divide parallel.dp (3)"),
+    ],
+)
+def test_bad_input_is_422_naming_the_field_and_stores_nothing(
+    fast: TestClient, body: dict[str, Any], expected: str
+) -> None:
+    answer = fast.post("/v1/jobs", json=body, headers=auth(A))
+    assert answer.status_code == 422
+    assert expected in str(answer.json()["detail"])
+    assert fast.get("/v1/jobs", headers=auth(ADMIN)).json()["total"] == 0
+
+
+def test_oversize_bodies_are_refused(fast: TestClient) -> None:
+    answer = fast.post(
+        "/v1/jobs", content=b"{" + b" " * (2 << 20) + b"}", headers={**auth(A), "Content-Type": "application/json"}
+    )
+    assert answer.status_code == 413
+    assert fast.get("/v1/jobs", headers=auth(ADMIN)).json()["total"] == 0
+
+
+def test_plans_dry_run_lists_ranked_plans_and_stores_nothing(fast: TestClient) -> None:
+    answer = fast.post("/v1/plans", params={"top": 5}, json=LONG, headers=auth(A))
+    assert answer.status_code == 200
+    body = answer.json()
+    times = [p["step_time_s"] for p in body["plans"]]
+    assert len(times) == 5 and times == sorted(times)
+    assert body["num_plans"] >= 5 and set(body["min_gpus_per_type"]) <= {"A100-SXM4-80GB", "V100-SXM2-32GB", "RTX-3090"}
+    assert fast.get("/v1/jobs", headers=auth(ADMIN)).json()["total"] == 0
+    assert fast.post("/v1/plans", params={"top": 0}, json=LONG, headers=auth(A)).status_code == 422
+
+
+def test_cluster_health_and_metrics(slow: TestClient) -> None:
+    job = slow.post("/v1/jobs", json=SMALL, headers=auth(A)).json()
+    cluster = slow.get("/v1/cluster", headers=auth(A)).json()
+    assert cluster["gpu_types"]["A100-SXM4-80GB"]["gpus"] == 16 and len(cluster["nodes"]) == 8
+    assert [r["job"] for r in cluster["running"]] == [job["id"]]
+    assert slow.get("/v1/cluster", headers=auth(B)).json()["running"] == []  # not team-b's job
+    assert slow.get("/healthz").json()["status"] == "ok"
+    text = slow.get("/metrics").text
+    for name in (
+        "frenzy_queue_length",
+        "frenzy_gpus_used{",
+        "frenzy_decisions_total",
+        "frenzy_decision_seconds_bucket",
+    ):
+        assert name in text
+    used = sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("frenzy_gpus_used{"))
+    assert used == job["plan"]["num_gpus"]
+
+
+def test_local_mode_needs_no_token(tmp_path: Path) -> None:
+    with _client(tmp_path, 1e9, tenants=None) as client:
+        body = client.post("/v1/jobs", json=SMALL).json()
+        assert body["tenant"] == "local"
+        assert client.get(f"/v1/jobs/{body['id']}").status_code == 200
