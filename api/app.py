@@ -7,6 +7,7 @@ request holds a connection while it waits; the orchestrator's loop is the only w
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import threading
@@ -27,7 +28,7 @@ from frenzy_opt.api.schemas import STATES, EventOut, JobIn, JobListOut, JobOut, 
 from frenzy_opt.cluster import ClusterSpec
 from frenzy_opt.executors import Executor
 from frenzy_opt.orchestrator import Orchestrator, new_job_id
-from frenzy_opt.plans import NoFeasiblePlan, search_or_fail
+from frenzy_opt.plans import NoFeasiblePlan, PlanSearch, search_or_fail
 from frenzy_opt.spec import JobSpec, parse_job
 from frenzy_opt.store import TERMINAL, JobRecord, Store
 
@@ -162,6 +163,11 @@ def create_app(config: ServiceConfig) -> FastAPI:
     for gpu in config.cluster.gpu_types():
         metrics.gpus_total.labels(gpu.name).set(config.cluster.num_gpus_of(gpu.name))
     feasibility_lock = threading.Lock()
+
+    @functools.lru_cache(maxsize=256)
+    def cached_search(spec: JobSpec) -> PlanSearch:
+        """Plan searches of the dry-run endpoint, remembered per spec (a search takes 0.1-1 s)."""
+        return search_or_fail(spec, config.cluster)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -308,7 +314,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
         principal_of(authorization)
         spec, _ = parse_spec(body)
         try:
-            search = search_or_fail(spec, config.cluster)
+            search = cached_search(spec)
         except NoFeasiblePlan as err:
             raise _unprocessable(str(err)) from None
         min_gpus: dict[str, int] = {}
@@ -346,7 +352,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
     @app.get("/healthz")
     def healthz() -> dict[str, Any]:
         """Liveness: the store answers and the orchestrator's loop is alive."""
-        store.list_jobs(tenant=None, state=None, limit=1, offset=0)
+        store.ping()
         alive = orchestrator._thread is not None and orchestrator._thread.is_alive()
         if not alive:
             raise HTTPException(503, "orchestrator loop is not running")

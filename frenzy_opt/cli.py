@@ -472,6 +472,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         tokens=args.tokens,
         time_scale=args.time_scale,
         fail_rate=args.fail_rate,
+        decision_wait_s=args.decision_wait_s,
     )
     serve(config, args.host, args.port)
     return 0
@@ -542,6 +543,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokens", help="tokens/tenants/quotas file (YAML or JSON); none: single-tenant local mode")
     p.add_argument("--time-scale", type=float, default=1.0, help="simulated executor: cluster seconds per second")
     p.add_argument("--fail-rate", type=float, default=0.0, help="simulated executor: fraction of attempts that fail")
+    p.add_argument(
+        "--decision-wait-s", type=float, default=0.25, help="how long a submission waits for its first decision"
+    )
     p = add("demo", "the serverless flow in a minute: service, HTTP submissions, live decisions", cmd_demo)
     p.add_argument("scenario", nargs="?", default=DEFAULT_SCENARIO, help="scenario file or shipped name")
     p.add_argument("--time-scale", type=float, default=3600.0, help="cluster seconds per wall second (default 3600)")

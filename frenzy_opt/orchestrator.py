@@ -138,6 +138,7 @@ class Orchestrator:
         self.on_decision = on_decision
         self._decided: dict[str, threading.Event] = {}
         self._wake: list[threading.Event] = []
+        self._waits: dict[str, tuple[tuple[Option | None, float] | None, float]] = {}
         self._events: queue.Queue[tuple[Any, ...]] = queue.Queue()
         self._lock = threading.RLock()
         self._thread: threading.Thread | None = None
@@ -154,6 +155,7 @@ class Orchestrator:
         self.recover()
         self._thread = threading.Thread(target=self._loop, name="frenzy-orchestrator", daemon=True)
         self._thread.start()
+        self._events.put(("tick",))  # a first decision for what recovery queued
 
     def stop(self, timeout: float = 10.0) -> None:
         if self._thread is not None:
@@ -182,8 +184,22 @@ class Orchestrator:
         self._events.put(("exit", job_id, attempt, info))
 
     def reason(self, job_id: str) -> str | None:
+        """Why a queued job waits, as of the last decision (formatted on demand: a decision over a long
+        queue does not build a sentence per job)."""
         with self._lock:
-            return self.reasons.get(job_id)
+            reason = self.reasons.get(job_id)
+            job = self.state.queue.get(job_id)
+            wait = self._waits.get(job_id)
+            if job is None or wait is None:
+                return reason
+            waiting, at = wait
+            if waiting is None:
+                return "queued: no GPU free for it at the last decision"
+            option, start = waiting
+            if option is None:
+                return self.quotas.explain(job_id, job.options)
+            eta = "unknown" if math.isinf(start) else f"{max(start - at, 0):,.0f} s"
+            return f"waiting for {option.num_gpus} x {option.gpu_type} (estimated start in {eta})"
 
     def view(self) -> dict[str, Any]:
         """A consistent copy of the ledger: GPUs per type and node, free and used, running jobs."""
@@ -240,6 +256,8 @@ class Orchestrator:
                 kind = event[0]
                 if kind == "stop":
                     keep_going = False
+                elif kind == "tick":
+                    pass  # only the decision below
                 elif kind == "submit":
                     self._enqueue(event[1], pending)
                 elif kind == "exit":
@@ -322,6 +340,7 @@ class Orchestrator:
             self._release(job_id)
             pending.add(job_id, "cancelled", "cancelled while running; GPUs released")
         self.reasons.pop(job_id, None)
+        self._waits.pop(job_id, None)
 
     def _decide(self, pending: _Pending) -> list[Launch]:
         now = self.now()
@@ -356,6 +375,7 @@ class Orchestrator:
             )
             pending.add(a.job, "running", f"attempt {attempt} launched ({self.executor.name})")
             self.reasons.pop(a.job, None)
+            self._waits.pop(a.job, None)
             launches.append(
                 Launch(
                     job_id=a.job,
@@ -368,17 +388,8 @@ class Orchestrator:
                 )
             )
             self._mark_decided(a.job)
-        for job_id, job in self.state.queue.items():
-            waiting = self.state.waiting.get(job_id)
-            if waiting is None:
-                reason = "queued: no GPU free for it at the last decision"
-            elif waiting[0] is None:
-                reason = self.quotas.explain(job_id, job.options)
-            else:
-                option, start = waiting[0], waiting[1]
-                eta = "unknown" if math.isinf(start) else f"{max(start - now, 0):,.0f} s"
-                reason = f"waiting for {option.num_gpus} x {option.gpu_type} (estimated start in {eta})"
-            self.reasons[job_id] = reason
+        for job_id in self.state.queue:
+            self._waits[job_id] = (self.state.waiting.get(job_id), now)
             self._mark_decided(job_id)
         return launches
 

@@ -32,9 +32,12 @@ def build_config(
     tokens: str | None = None,
     time_scale: float = 1.0,
     fail_rate: float = 0.0,
+    decision_wait_s: float = 0.25,
 ) -> ServiceConfig:
     if not time_scale > 0:
         raise ValueError(f"--time-scale must be > 0, got {time_scale}")
+    if not 0 <= decision_wait_s <= 60:
+        raise ValueError(f"--decision-wait-s must be in [0, 60], got {decision_wait_s}")
     tenants = load_tenants(tokens, [g.name for g in cluster.gpu_types()])
     return ServiceConfig(
         cluster=cluster,
@@ -42,6 +45,7 @@ def build_config(
         executor=make_executor(executor, time_scale=time_scale, fail_rate=fail_rate),
         tenants=tenants,
         time_scale=time_scale,
+        decision_wait_s=decision_wait_s,
     )
 
 
