@@ -317,6 +317,8 @@ def create_app(config: ServiceConfig) -> FastAPI:
             search = cached_search(spec)
         except NoFeasiblePlan as err:
             raise _unprocessable(str(err)) from None
+        with feasibility_lock:
+            orchestrator.cache.per_step(spec)  # the scheduler's options too: a later submission finds them ready
         min_gpus: dict[str, int] = {}
         for plan in search.plans:
             min_gpus[plan.gpu_type] = min(min_gpus.get(plan.gpu_type, plan.num_gpus), plan.num_gpus)

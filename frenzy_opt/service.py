@@ -131,6 +131,13 @@ def demo(
         with background_server(config) as url, httpx.Client(base_url=url, timeout=30) as client:
             say(f"service up at {url} — cluster {scenario.cluster.name} ({scenario.cluster.num_gpus} GPUs), "
                 f"simulated executor, {time_scale:g} cluster seconds per second")  # fmt: skip
+            for job in scenario.jobs:  # MARP + plan search per job (also readies the scheduler's options)
+                plans = client.post("/v1/plans", json=_spec_json(job), params={"top": 1}).json()
+                best = plans["plans"][0]
+                fewest = ", ".join(f"{n} {t}" for t, n in plans["min_gpus_per_type"].items())
+                say(f"plan    {job.id:<22} {plans['num_plans']:>5} memory-feasible plans; fastest "
+                    f"{best['num_gpus']} x {best['gpu_type']}, {best['step_time_s']:.2f} s/step, "
+                    f"{best['peak_allocated_bytes'] / 2**30:.1f} GiB/GPU; fewest GPUs: {fewest}")  # fmt: skip
             started = time.monotonic()
             pending = sorted(scenario.jobs, key=lambda j: j.arrival_s)
             ids: dict[str, str] = {}
