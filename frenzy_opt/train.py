@@ -1,0 +1,443 @@
+"""The training worker: ``torchrun … -m frenzy_opt.train --job JOB.json --plan PLAN.json`` trains the
+reference decoder (``models/reference.py``) of a job spec with the parallel plan frenzy-opt chose.
+
+Parallelism, on a device mesh ``(pp, dp, tp)`` (``torch.distributed.device_mesh``):
+
+* **tp** — tensor parallelism with DTensor (``torch.distributed.tensor.parallel``): attention's q/k/v and
+  the MLP's up/gate column-wise, attention's output and the MLP's down row-wise (Megatron-LM's split,
+  Shoeybi et al. 2019, §3); each rank then holds ``heads / tp`` heads. Embedding, norms and output stay
+  replicated across tp.
+* **pp** — pipeline parallelism with ``torch.distributed.pipelining``: the model's layers are split into
+  ``pp`` stages (uneven remainder to the first stages, as MARP assumes), each rank builds its stage from the
+  full seeded model (so every layout starts from the same weights) and runs 1F1B (GPipe when
+  ``--schedule gpipe``) over the step's micro-batches.
+* **dp / ZeRO** — ``zero_stage`` 0: replicated weights, gradients all-reduced over the dp group (PyTorch DDP
+  when the model is neither tensor- nor pipeline-parallel; an explicit all-reduce otherwise, since DDP around
+  DTensor modules fails); 1: DDP + ``ZeroRedundancyOptimizer`` (optimizer states sharded; ZeRO-1); 2: FSDP2
+  ``fully_shard(reshard_after_forward=False)`` (gradients and optimizer states sharded, weights kept between
+  forward and backward; ZeRO-2); 3: FSDP2 ``fully_shard`` (everything sharded; ZeRO-3). FSDP2 composes with tp
+  on the 2-D ``(dp, tp)`` mesh (HSDP-style), not with pp here.
+* **recompute** — the reference decoder's activation checkpointing (selective: attention core; full: every
+  block). **Micro-batching** — ``global_batch = micro_batch x num_micro x dp``; gradients accumulate over the
+  micro-batches (the pipeline schedule does it for pp > 1).
+
+Data: synthetic sequences (a random start, then +1 per position modulo the vocabulary: learnable, so the
+loss falls) drawn per step from the seed, identical for every layout; or windows of a token file (``--tokens``,
+a flat uint16/uint32 array). Every ``--checkpoint-every`` steps the model and optimizer state are saved with
+``torch.distributed.checkpoint`` (sharded, per pipeline stage); a restarted run resumes from the newest
+complete checkpoint. Rank 0 writes one JSON line per step to ``--report`` (loss averaged over the global
+batch, step time, tokens per second) and, once, every rank's measured peak memory: ``torch.cuda``'s peak
+allocated bytes on GPU, MemTracker's peak of live tensor storage on CPU (the measurement the MARP validation
+uses). Backend: nccl with CUDA, gloo without.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import resource
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from frenzy_opt.marp.stages import chunk_layer_counts
+from frenzy_opt.models.reference import ReferenceDecoder
+from frenzy_opt.spec import JobSpec, ParallelConfig, parse_job
+
+SUPPORTED = "dp, tp, pp, zero_stage 0-3, recompute, micro-batching (cp, ep, vpp > 1 and sequence_parallel are not)"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Layout:
+    """Where this rank sits: its coordinates on the (pp, dp, tp) mesh."""
+
+    rank: int
+    world: int
+    pp: int
+    dp: int
+    tp: int
+    stage: int
+    dp_rank: int
+    tp_rank: int
+
+
+def check_plan(job: JobSpec, parallel: ParallelConfig, micro_batch_size: int, world: int) -> int:
+    """The number of micro-batches per step; ``ValueError`` names what this worker cannot run."""
+    if parallel.cp != 1 or parallel.ep != 1 or parallel.vpp != 1 or parallel.sequence_parallel:
+        raise ValueError(f"train: the worker runs {SUPPORTED}; plan has cp={parallel.cp}, ep={parallel.ep}, "
+                         f"vpp={parallel.vpp}, sequence_parallel={parallel.sequence_parallel}")  # fmt: skip
+    if parallel.num_gpus != world:
+        raise ValueError(f"train: plan needs dp x tp x pp = {parallel.num_gpus} ranks, torchrun started {world}")
+    arch = job.model
+    if arch.num_attention_heads % parallel.tp or arch.num_kv_heads % parallel.tp or arch.ffn_hidden_size % parallel.tp:
+        raise ValueError(f"train: tp={parallel.tp} must divide heads, kv heads and ffn of the model")
+    if arch.is_moe:
+        raise ValueError("train: mixture-of-experts models are not run by the worker yet")
+    if parallel.pp > 1 and arch.tied_embeddings:
+        raise ValueError("train: tied embeddings with pp > 1 are not run by the worker (untie them)")
+    if parallel.pp > 1 and parallel.zero_stage >= 2:
+        raise ValueError("train: zero_stage 2/3 (FSDP2) with pp > 1 is not run by the worker")
+    if parallel.zero_stage == 1 and (parallel.tp > 1 or parallel.pp > 1):
+        raise ValueError("train: zero_stage 1 (ZeroRedundancyOptimizer) needs tp = pp = 1 here")
+    per_step = micro_batch_size * parallel.dp
+    if job.training.global_batch_size % per_step:
+        raise ValueError(
+            f"train: global_batch_size {job.training.global_batch_size} must be a multiple of "
+            f"micro_batch_size x dp = {per_step}"
+        )
+    return job.training.global_batch_size // per_step
+
+
+def build_full_model(job: JobSpec, seed: int) -> ReferenceDecoder:
+    """The whole model, seeded: every layout starts from these weights."""
+    torch.manual_seed(seed)
+    return ReferenceDecoder(
+        job.model,
+        attention=job.parallel.attention,
+        recompute=job.parallel.recompute,
+        max_seq_len=job.training.seq_len,
+    )
+
+
+def cut_stage(model: ReferenceDecoder, stage: int, pp: int) -> ReferenceDecoder:
+    """Keep only pipeline stage ``stage``'s layers (and the embedding on the first, the head on the last)."""
+    if pp == 1:
+        return model
+    counts = chunk_layer_counts(len(model.layers), pp, 1)
+    first = sum(counts[:stage])
+    model.layers = nn.ModuleList(list(model.layers)[first : first + counts[stage]])
+    if stage > 0:
+        model.embed = None
+        model.pos_embed = None
+    if stage < pp - 1:
+        model.final_norm = None
+        model.output = None
+    return model
+
+
+def apply_tp(model: ReferenceDecoder, mesh: Any, tp: int) -> None:
+    """Megatron's column/row split of every block over the tp mesh (module docstring)."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    if tp == 1:
+        return
+    for block in model.layers:
+        plan: dict[str, Any] = {
+            "attn.wq": ColwiseParallel(),
+            "attn.wk": ColwiseParallel(),
+            "attn.wv": ColwiseParallel(),
+            "attn.wo": RowwiseParallel(),
+            "mlp.up": ColwiseParallel(),
+            "mlp.down": RowwiseParallel(),
+        }
+        if getattr(block.mlp, "gate", None) is not None:
+            plan["mlp.gate"] = ColwiseParallel()
+        parallelize_module(block, mesh, plan)
+        block.attn.num_heads //= tp  # the local outputs hold heads / tp heads
+        block.attn.num_kv_heads //= tp
+
+
+def batch_for(step: int, job: JobSpec, seed: int, tokens: np.ndarray | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The global batch of a step (inputs, targets), the same for every layout (module docstring)."""
+    t = job.training
+    rng = np.random.default_rng([seed, step])
+    vocab = job.model.vocab_size
+    if tokens is None:
+        starts = rng.integers(0, vocab, size=(t.global_batch_size, 1))
+        seq = (starts + np.arange(t.seq_len + 1)) % vocab
+    else:
+        offsets = rng.integers(0, len(tokens) - t.seq_len - 1, size=t.global_batch_size)
+        seq = np.stack([tokens[o : o + t.seq_len + 1] for o in offsets]).astype(np.int64) % vocab
+    data = torch.from_numpy(seq.astype(np.int64))
+    return data[:, :-1].contiguous(), data[:, 1:].contiguous()
+
+
+class Worker:
+    """One rank of a training run."""
+
+    def __init__(self, job: JobSpec, parallel: ParallelConfig, micro_batch_size: int, args: argparse.Namespace) -> None:
+        self.job, self.parallel, self.args = job, parallel, args
+        self.micro = micro_batch_size
+        self.cuda = torch.cuda.is_available() and not args.cpu
+        rank, world = dist.get_rank(), dist.get_world_size()
+        self.num_micro = check_plan(job, parallel, micro_batch_size, world)
+        self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0"))) if self.cuda else torch.device("cpu")
+        if self.cuda:
+            torch.cuda.set_device(self.device)
+        from torch.distributed.device_mesh import init_device_mesh
+
+        p = parallel
+        self.mesh = init_device_mesh(self.device.type, (p.pp, p.dp, p.tp), mesh_dim_names=("pp", "dp", "tp"))
+        self.layout = Layout(
+            rank=rank,
+            world=world,
+            pp=p.pp,
+            dp=p.dp,
+            tp=p.tp,
+            stage=self.mesh.get_local_rank("pp"),
+            dp_rank=self.mesh.get_local_rank("dp"),
+            tp_rank=self.mesh.get_local_rank("tp"),
+        )
+        self.dp_group = self.mesh.get_group("dp")
+        model = cut_stage(build_full_model(job, args.seed), self.layout.stage, p.pp).to(self.device)
+        apply_tp(model, self.mesh["tp"], p.tp)
+        self.module: nn.Module = model
+        self.model = model
+        self.manual_allreduce = False
+        if p.zero_stage >= 2:
+            from torch.distributed.fsdp import fully_shard
+
+            dp_mesh = self.mesh["dp"]
+            for block in model.layers:
+                fully_shard(block, mesh=dp_mesh, reshard_after_forward=p.zero_stage == 3)
+            fully_shard(model, mesh=dp_mesh, reshard_after_forward=p.zero_stage == 3)
+        elif p.dp > 1 and p.tp == 1 and p.pp == 1:
+            self.module = nn.parallel.DistributedDataParallel(model, process_group=self.dp_group)
+        elif p.dp > 1:
+            self.manual_allreduce = True
+        params = [q for q in model.parameters() if q.requires_grad]
+        if p.zero_stage == 1 and p.dp > 1:
+            from torch.distributed.optim import ZeroRedundancyOptimizer
+
+            self.zero1: Any = ZeroRedundancyOptimizer(
+                params, optimizer_class=torch.optim.AdamW, process_group=self.dp_group, lr=args.lr
+            )
+            self.optimizer: torch.optim.Optimizer = self.zero1
+        else:
+            self.zero1 = None
+            self.optimizer = torch.optim.AdamW(params, lr=args.lr)
+        self.schedule: Any = None
+        if p.pp > 1:
+            self._build_pipeline()
+        self.tokens = None if args.tokens is None else np.memmap(args.tokens, dtype=args.token_dtype, mode="r")
+
+    def _build_pipeline(self) -> None:
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+        stage = PipelineStage(
+            self.model,
+            self.layout.stage,
+            self.layout.pp,
+            self.device,
+            group=self.mesh.get_group("pp"),
+        )
+        vocab = self.job.model.vocab_size
+
+        def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+            return F.cross_entropy(logits.float().view(-1, vocab), targets.reshape(-1))
+
+        kind = ScheduleGPipe if self.args.schedule == "gpipe" else Schedule1F1B
+        self.schedule = kind(stage, n_microbatches=self.num_micro, loss_fn=loss_fn)
+
+    # --- one step ---------------------------------------------------------------------------------------
+
+    def _local_batch(self, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        inputs, targets = batch_for(step, self.job, self.args.seed, self.tokens)
+        per_rank = self.micro * self.num_micro
+        lo = self.layout.dp_rank * per_rank
+        return inputs[lo : lo + per_rank].to(self.device), targets[lo : lo + per_rank].to(self.device)
+
+    def step(self, step: int, tracker: Any = None) -> float:
+        """One optimizer step over the global batch; the loss averaged over it (the same on every rank).
+        ``tracker``: a MemTracker whose per-module statistics are reset before each micro-batch (it refuses
+        repeated calls of a module otherwise; its global peak is kept)."""
+        inputs, targets = self._local_batch(step)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum = torch.zeros((), device=self.device)
+        if self.schedule is not None:
+            losses: list[torch.Tensor] = []
+            last = self.layout.stage == self.layout.pp - 1
+            if self.layout.stage == 0:
+                self.schedule.step(inputs, target=targets if last else None, losses=losses)
+            else:
+                self.schedule.step(target=targets if last else None, losses=losses)
+            if last:
+                loss_sum = torch.stack([x.detach() for x in losses]).sum()
+        else:
+            for m in range(self.num_micro):
+                sl = slice(m * self.micro, (m + 1) * self.micro)
+                sync = m == self.num_micro - 1 or not isinstance(self.module, nn.parallel.DistributedDataParallel)
+                context = self.module.no_sync() if not sync else contextlib.nullcontext()  # type: ignore[operator]
+                if tracker is not None:
+                    tracker.reset_mod_stats()
+                with context:
+                    loss = self.module(inputs[sl], targets[sl]) / self.num_micro
+                    loss.backward()
+                loss_sum += loss.detach() * self.num_micro
+        if self.manual_allreduce:
+            for q in self.model.parameters():
+                if q.grad is not None:
+                    local = q.grad.to_local() if hasattr(q.grad, "to_local") else q.grad
+                    dist.all_reduce(local, group=self.dp_group)
+                    local.div_(self.layout.dp)
+        self.optimizer.step()
+        # The mean loss over the global batch: the last stage holds it; sum over dp, divide by micro-batches.
+        total = loss_sum.detach().float().reshape(1)
+        dist.all_reduce(total)  # ranks without the loss add 0
+        holders = self.layout.dp * self.layout.tp
+        return float(total.item()) / (holders * self.num_micro)
+
+    # --- checkpoints ------------------------------------------------------------------------------------
+
+    def _state(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_sd, optim_sd = get_state_dict(self.model, self.optimizer)
+        return {f"stage{self.layout.stage}": {"model": model_sd, "optim": optim_sd}}
+
+    def save(self, step: int) -> None:
+        """A checkpoint of this step: DCP (sharded) for every layout but ZeRO-1, whose optimizer is
+        consolidated on rank 0 and saved with the (replicated) model by ``torch.save``."""
+        import torch.distributed.checkpoint as dcp
+
+        target = Path(self.args.checkpoint_dir) / f"step-{step:08d}"
+        if self.zero1 is not None:
+            self.zero1.consolidate_state_dict(to=0)
+            if dist.get_rank() == 0:
+                target.mkdir(parents=True, exist_ok=True)
+                state = {"model": self.model.state_dict(), "optim": self.zero1.state_dict()}
+                torch.save(state, target / "zero1.pt")
+        else:
+            dcp.save(self._state(), checkpoint_id=str(target))
+        dist.barrier()
+        if dist.get_rank() == 0:
+            (target / "COMPLETE").write_text(str(step), encoding="utf-8")
+        dist.barrier()
+
+    def resume(self) -> int:
+        """Load the newest complete checkpoint; the step to continue from (0 without one)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import set_state_dict
+
+        root = Path(self.args.checkpoint_dir)
+        done = sorted(p for p in root.glob("step-*") if (p / "COMPLETE").is_file()) if root.is_dir() else []
+        if not done:
+            return 0
+        if self.zero1 is not None:
+            state = torch.load(done[-1] / "zero1.pt", map_location=self.device, weights_only=False)
+            self.model.load_state_dict(state["model"])
+            self.zero1.load_state_dict(state["optim"])
+        else:
+            full = self._state()
+            dcp.load(full, checkpoint_id=str(done[-1]))
+            part = full[f"stage{self.layout.stage}"]
+            set_state_dict(self.model, self.optimizer, model_state_dict=part["model"], optim_state_dict=part["optim"])
+        return int((done[-1] / "COMPLETE").read_text(encoding="utf-8"))
+
+    # --- memory -----------------------------------------------------------------------------------------
+
+    def measured_step(self, step: int) -> tuple[float, int, str]:
+        """A step whose peak memory is measured (module docstring): the loss, the peak in bytes, and how it
+        was measured. MemTracker follows plain, DDP and tensor-parallel modules; under FSDP2 and pipelining
+        (parameters and buffers it cannot attribute) the process's peak resident set size is reported instead,
+        marked ``max_rss`` (it includes the runtime, so it does not compare with MARP)."""
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+            loss = self.step(step)
+            return loss, int(torch.cuda.max_memory_allocated(self.device)), "torch.cuda.max_memory_allocated"
+        if self.parallel.pp == 1 and self.parallel.zero_stage < 2:
+            from torch.distributed._tools.mem_tracker import MemTracker
+
+            tracker = MemTracker()
+            tracker.track_external(self.model, self.optimizer)
+            with tracker:
+                loss = self.step(step, tracker)
+            return loss, int(tracker.get_tracker_snapshot("peak")[self.device]["Total"]), "MemTracker"
+        loss = self.step(step)
+        return loss, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "max_rss"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m frenzy_opt.train", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--job", required=True, help="job spec (contract 1, JSON or YAML)")
+    parser.add_argument("--plan", required=True, help="JSON: {parallel: {...}, micro_batch_size: n}")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--schedule", choices=("1f1b", "gpipe"), default="1f1b")
+    parser.add_argument("--tokens", help="flat token file (numpy raw array) instead of synthetic data")
+    parser.add_argument("--token-dtype", default="uint16", choices=("uint16", "uint32"))
+    parser.add_argument("--checkpoint-dir", help="save here every --checkpoint-every steps and resume from it")
+    parser.add_argument("--checkpoint-every", type=int, default=5)
+    parser.add_argument("--report", help="rank 0 appends one JSON line per step here (default: stdout)")
+    parser.add_argument("--measure-step", type=int, default=2, help="the step whose peak memory is measured")
+    parser.add_argument("--cpu", action="store_true", help="use gloo on CPU even if CUDA is present")
+    parser.add_argument("--fail-at-step", type=int, default=-1, help="testing: rank --fail-rank exits at this step")
+    parser.add_argument("--fail-rank", type=int, default=-1)
+    args = parser.parse_args(argv)
+    from frenzy_opt.spec import load_mapping
+
+    job = parse_job(load_mapping(args.job))
+    plan = json.loads(Path(args.plan).read_text(encoding="utf-8"))
+    parallel = ParallelConfig(**plan["parallel"])
+    job = job.with_parallel(parallel, int(plan.get("micro_batch_size", job.training.micro_batch_size)))
+    backend = "nccl" if torch.cuda.is_available() and not args.cpu else "gloo"
+    dist.init_process_group(backend=backend)
+    try:
+        worker = Worker(job, parallel, job.training.micro_batch_size, args)
+        first = worker.resume() if args.checkpoint_dir else 0
+        report = _Reporter(args.report if dist.get_rank() == 0 else None)
+        report.write(
+            {
+                "event": "start",
+                "resumed_from": first,
+                "world": dist.get_world_size(),
+                "backend": backend,
+                "plan": parallel.to_dict(),
+                "micro_batch_size": worker.micro,
+                "num_micro": worker.num_micro,
+            }
+        )
+        tokens_per_step = job.training.global_batch_size * job.training.seq_len
+        for step in range(first, args.steps):
+            if step == args.fail_at_step and dist.get_rank() == args.fail_rank:
+                os._exit(17)  # a rank dies mid-run (tests of the executor's failure handling)
+            started = time.perf_counter()
+            if step == args.measure_step or (step == first and first > args.measure_step):
+                loss, peak, source = worker.measured_step(step)
+                peaks: list[Any] = [None] * dist.get_world_size()
+                dist.all_gather_object(peaks, peak)
+                report.write({"event": "memory", "step": step + 1, "peak_memory_bytes": peaks, "source": source})
+            else:
+                loss = worker.step(step)
+            elapsed = time.perf_counter() - started
+            report.write({"event": "step", "step": step + 1, "loss": loss, "step_time_s": elapsed,
+                          "tokens_per_s": tokens_per_step / elapsed})  # fmt: skip
+            if not math.isfinite(loss):
+                raise RuntimeError(f"loss is {loss} at step {step + 1}")
+            if args.checkpoint_dir and (step + 1) % args.checkpoint_every == 0:
+                worker.save(step + 1)
+        report.write({"event": "end", "steps": args.steps})
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+class _Reporter:
+    def __init__(self, path: str | None) -> None:
+        self.path = path
+        self.active = dist.get_rank() == 0
+
+    def write(self, record: dict[str, Any]) -> None:
+        if not self.active:
+            return
+        line = json.dumps({**record, "time": time.time()})
+        if self.path is None:
+            print(f"FRENZY_REPORT {line}", flush=True)
+        else:
+            with open(self.path, "a", encoding="utf-8") as handle:
+                handle.write(line + "\n")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
