@@ -125,7 +125,12 @@ class _TooLarge(Exception):
     pass
 
 
-def _job_out(record: JobRecord, reason: str | None, history: list[EventOut] | None = None) -> JobOut:
+def _job_out(
+    record: JobRecord,
+    reason: str | None,
+    history: list[EventOut] | None = None,
+    progress: dict[str, Any] | None = None,
+) -> JobOut:
     return JobOut(
         id=record.id,
         name=record.name,
@@ -140,6 +145,7 @@ def _job_out(record: JobRecord, reason: str | None, history: list[EventOut] | No
         placement=record.placement,
         predicted=record.predicted,
         measured=record.measured,
+        progress=progress if record.state == "running" else None,
         history=history,
     )
 
@@ -296,7 +302,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
         who = principal_of(authorization)
         record = visible(store.get(job_id), who)
         history = [EventOut(at=e.at, state=e.state, detail=e.detail) for e in store.events(job_id)]
-        return _job_out(record, orchestrator.reason(job_id), history)
+        return _job_out(record, orchestrator.reason(job_id), history, orchestrator.progress.get(job_id))
 
     @app.post(f"/{API_VERSION}/jobs/{{job_id}}/cancel", response_model=JobOut, responses={401: {}, 404: {}, 409: {}})
     def cancel_job(job_id: JobIdPath, authorization: Auth = None) -> JobOut:

@@ -140,6 +140,8 @@ class JobOut(BaseModel):
     placement: dict[str, Any] | None = None
     predicted: dict[str, Any] | None = None
     measured: dict[str, Any] | None = None
+    progress: dict[str, Any] | None = None
+    """The running attempt's latest worker report (step, loss, step time), while it runs."""
     history: list[EventOut] | None = None
 
 

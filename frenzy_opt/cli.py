@@ -478,6 +478,36 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_launch(args: argparse.Namespace) -> int:
+    from frenzy_opt.launch import launch_job
+
+    if args.steps is not None and args.steps < 1:
+        raise ValueError(f"--steps must be >= 1, got {args.steps}")
+    job = load_job(resolve(args.job))
+    payload = launch_job(
+        job, load_cluster_ref(args.cluster), executor_name=args.executor, steps=args.steps, workdir=args.workdir
+    )
+
+    def render(console: Console) -> None:
+        plan, m, p = payload["plan"], payload["measured"], payload["predicted"]
+        console.print(
+            f"{job.name}: {payload['state']} after {payload['steps_run']} steps on {plan['num_gpus']} x "
+            f"{plan['gpu_type']} ({_parallel_text(plan['parallel'])}, micro-batch {plan['micro_batch_size']}); "
+            f"loss {payload['loss_first']} -> {payload['loss_last']}"
+        )
+        if payload["cause"]:
+            console.print(f"[red]{payload['cause']}")
+        peaks = m["peak_memory_bytes"] or []
+        marp = _gib(p["peak_allocated_bytes"])
+        console.print(
+            f"step time: measured {m['step_time_s']} s, predicted {p['step_time_s']} s; peak memory per rank "
+            f"({m['memory_source']}): {', '.join(_gib(b) for b in peaks)} GiB, MARP {marp} GiB"
+        )
+
+    _emit(args, payload, render)
+    return 0 if payload["state"] == "succeeded" else 1
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from frenzy_opt.service import demo
 
@@ -546,6 +576,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--decision-wait-s", type=float, default=0.25, help="how long a submission waits for its first decision"
     )
+    p = add(
+        "launch", "plan, place and really run one job (torch.distributed) and compare with the prediction", cmd_launch
+    )
+    p.add_argument("job", help="job spec file (YAML or JSON, contract 1) or a shipped job name")
+    p.add_argument("--cluster", default="local-4slot", help="cluster file or shipped name (default local-4slot)")
+    p.add_argument("--executor", default="local", help="local (torchrun on this machine); ray: not built yet")
+    p.add_argument("--steps", type=int, help="train at most this many steps (default: the spec's train_steps)")
+    p.add_argument("--workdir", default="frenzy-runs", help="where runs keep their files (default frenzy-runs)")
     p = add("demo", "the serverless flow in a minute: service, HTTP submissions, live decisions", cmd_demo)
     p.add_argument("scenario", nargs="?", default=DEFAULT_SCENARIO, help="scenario file or shipped name")
     p.add_argument("--time-scale", type=float, default=3600.0, help="cluster seconds per wall second (default 3600)")

@@ -124,7 +124,10 @@ class Orchestrator:
         self.store, self.cluster, self.executor = store, cluster, executor
         self.time_scale = time_scale
         self.topology = cache.topology if cache is not None else Topology(cluster)
-        self.cache = cache if cache is not None else OptionCache(cluster, self.topology)
+        supports = getattr(executor, "supports", None)
+        plan_filter = None if supports is None else (lambda plan, spec: bool(supports(plan, spec.model)))
+        self.cache = cache if cache is not None else OptionCache(cluster, self.topology, plan_filter=plan_filter)
+        self.progress: dict[str, dict[str, Any]] = {}
         self.state = GreedyState(SchedulingProblem(topology=self.topology, jobs=()))
         self.tenant_of: dict[str, str] = {}
         self.quotas = Quotas(quotas or {}, self.tenant_of)
@@ -182,6 +185,13 @@ class Orchestrator:
 
     def _on_exit(self, job_id: str, attempt: int, info: ExitInfo) -> None:
         self._events.put(("exit", job_id, attempt, info))
+
+    def _on_report(self, job_id: str, attempt: int, record: dict[str, Any]) -> None:
+        """A running attempt's latest worker report (kept in memory; the summary is stored at its end)."""
+        with self._lock:
+            run = self.running.get(job_id)
+            if run is not None and run.attempt == attempt:
+                self.progress[job_id] = {"attempt": attempt, **record}
 
     def reason(self, job_id: str) -> str | None:
         """Why a queued job waits, as of the last decision (formatted on demand: a decision over a long
@@ -274,7 +284,7 @@ class Orchestrator:
             record = self.store.get(job_id)
             future.set_result("unknown" if record is None else record.state)
         for launch in launches:
-            self.executor.launch(launch, self._on_exit)
+            self.executor.launch(launch, self._on_exit, self._on_report)
         return keep_going
 
     def _flush(self, pending: _Pending) -> None:
@@ -310,6 +320,7 @@ class Orchestrator:
         if run is None or run.attempt != attempt:
             return  # a cancelled or superseded attempt
         self._release(job_id)
+        self.progress.pop(job_id, None)
         if info.ok:
             pending.add(job_id, "succeeded", "completed", measured=info.measured or None)
             self.reasons.pop(job_id, None)
@@ -416,6 +427,9 @@ class Orchestrator:
                 del self.state.queue[record.id]
                 if record.id in alive and record.placement is not None and record.plan is not None:
                     self._reattach(record)
+                    adopt = getattr(self.executor, "adopt", None)
+                    if adopt is not None:
+                        adopt(record.id, record.attempts, self._on_exit)
                     counts["kept"] += 1
                     continue
                 self.attempts[record.id] = record.attempts

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from frenzy_opt.cluster import ClusterSpec
@@ -144,10 +145,18 @@ class OptionCache:
     templates need a few dozen searches, not one per job.
     """
 
-    def __init__(self, cluster: ClusterSpec, topology: Topology, max_options_per_type: int = 4) -> None:
+    def __init__(
+        self,
+        cluster: ClusterSpec,
+        topology: Topology,
+        max_options_per_type: int = 4,
+        plan_filter: Callable[[Plan, JobSpec], bool] | None = None,
+    ) -> None:
         self.cluster = cluster
         self.topology = topology
         self.max_options_per_type = max_options_per_type
+        self.plan_filter = plan_filter
+        """Only plans it accepts become options (e.g. what an executor can run)."""
         self._searches: dict[tuple[object, ...], tuple[dict[tuple[str, int], Option], tuple[Option, ...]]] = {}
 
     def _search(self, spec: JobSpec) -> tuple[dict[tuple[str, int], Option], tuple[Option, ...]]:
@@ -158,7 +167,10 @@ class OptionCache:
         found = self._searches.get(key)
         if found is None:
             one_step = replace(spec, name="", training=replace(t, train_steps=1))
-            per_count = best_per_count(enumerate_plans(one_step, self.cluster).plans, self.topology, round_up=False)
+            plans = enumerate_plans(one_step, self.cluster).plans
+            if self.plan_filter is not None:
+                plans = [p for p in plans if self.plan_filter(p, spec)]
+            per_count = best_per_count(plans, self.topology, round_up=False)
             found = self._searches[key] = (per_count, pareto_options(per_count, self.max_options_per_type))
         return found
 

@@ -100,6 +100,17 @@ class JobSpec:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     pinned: frozenset[str] = frozenset()
 
+    def to_mapping(self) -> dict[str, Any]:
+        """The contract-1 mapping of this spec (:func:`parse_job` reads it back to an equal spec)."""
+        data: dict[str, Any] = {
+            "name": self.name,
+            "model": {k: v for k, v in self.model.to_dict().items() if v is not None},
+            "training": asdict(self.training),
+        }
+        if self.pinned:
+            data["parallel"] = {k: getattr(self.parallel, k) for k in sorted(self.pinned)}
+        return data
+
     def with_parallel(self, parallel: ParallelConfig, micro_batch_size: int | None = None) -> JobSpec:
         training = self.training
         if micro_batch_size is not None:

@@ -50,6 +50,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from frenzy_opt.executors.local import worker_supports
 from frenzy_opt.marp.stages import chunk_layer_counts
 from frenzy_opt.models.reference import ReferenceDecoder
 from frenzy_opt.spec import JobSpec, ParallelConfig, parse_job
@@ -73,22 +74,14 @@ class Layout:
 
 def check_plan(job: JobSpec, parallel: ParallelConfig, micro_batch_size: int, world: int) -> int:
     """The number of micro-batches per step; ``ValueError`` names what this worker cannot run."""
-    if parallel.cp != 1 or parallel.ep != 1 or parallel.vpp != 1 or parallel.sequence_parallel:
-        raise ValueError(f"train: the worker runs {SUPPORTED}; plan has cp={parallel.cp}, ep={parallel.ep}, "
-                         f"vpp={parallel.vpp}, sequence_parallel={parallel.sequence_parallel}")  # fmt: skip
+    reason = worker_supports(parallel, job.model)
+    if reason is not None:
+        raise ValueError(f"train: the worker runs {SUPPORTED}; not {reason}")
     if parallel.num_gpus != world:
         raise ValueError(f"train: plan needs dp x tp x pp = {parallel.num_gpus} ranks, torchrun started {world}")
     arch = job.model
     if arch.num_attention_heads % parallel.tp or arch.num_kv_heads % parallel.tp or arch.ffn_hidden_size % parallel.tp:
         raise ValueError(f"train: tp={parallel.tp} must divide heads, kv heads and ffn of the model")
-    if arch.is_moe:
-        raise ValueError("train: mixture-of-experts models are not run by the worker yet")
-    if parallel.pp > 1 and arch.tied_embeddings:
-        raise ValueError("train: tied embeddings with pp > 1 are not run by the worker (untie them)")
-    if parallel.pp > 1 and parallel.zero_stage >= 2:
-        raise ValueError("train: zero_stage 2/3 (FSDP2) with pp > 1 is not run by the worker")
-    if parallel.zero_stage == 1 and (parallel.tp > 1 or parallel.pp > 1):
-        raise ValueError("train: zero_stage 1 (ZeroRedundancyOptimizer) needs tp = pp = 1 here")
     per_step = micro_batch_size * parallel.dp
     if job.training.global_batch_size % per_step:
         raise ValueError(
@@ -311,8 +304,14 @@ class Worker:
             dcp.save(self._state(), checkpoint_id=str(target))
         dist.barrier()
         if dist.get_rank() == 0:
+            (target / "layout.json").write_text(self._layout_key(), encoding="utf-8")
             (target / "COMPLETE").write_text(str(step), encoding="utf-8")
         dist.barrier()
+
+    def _layout_key(self) -> str:
+        """What a checkpoint must match to be resumed: the parallel layout and micro-batch size (sharded
+        states do not load into another layout's pipeline stages)."""
+        return json.dumps({"parallel": self.parallel.to_dict(), "micro_batch_size": self.micro}, sort_keys=True)
 
     def resume(self) -> int:
         """Load the newest complete checkpoint; the step to continue from (0 without one)."""
@@ -321,6 +320,7 @@ class Worker:
 
         root = Path(self.args.checkpoint_dir)
         done = sorted(p for p in root.glob("step-*") if (p / "COMPLETE").is_file()) if root.is_dir() else []
+        done = [p for p in done if (p / "layout.json").read_text(encoding="utf-8") == self._layout_key()]
         if not done:
             return 0
         if self.zero1 is not None:

@@ -4,7 +4,9 @@ An executor starts one attempt of a job on the GPUs of its placement (:meth:`Exe
 end through the ``on_exit`` callback (from any thread), stops it on request (:meth:`Executor.cancel`) and
 says which jobs it is still running (:meth:`Executor.running`) so that the orchestrator can reconcile after
 a restart. Executors: ``simulated`` (:mod:`frenzy_opt.executors.simulated`, time scaled, the embedded
-default); the torchrun and Ray executors come with the launcher (issue 6).
+default) and ``local`` (:mod:`frenzy_opt.executors.local`, torchrun processes running
+:mod:`frenzy_opt.train`). Optional methods: ``supports(plan, arch)`` (the planner then offers only plans the
+executor can run) and ``adopt(job_id, attempt, on_exit)`` (watch a run that survived a restart).
 """
 
 from __future__ import annotations
@@ -42,12 +44,14 @@ class ExitInfo:
 
 
 OnExit = Callable[[str, int, ExitInfo], None]
+OnReport = Callable[[str, int, dict[str, Any]], None]
+"""A worker report of a running attempt (one JSON object per step, see :mod:`frenzy_opt.train`)."""
 
 
 class Executor(Protocol):
     name: str
 
-    def launch(self, launch: Launch, on_exit: OnExit) -> None: ...
+    def launch(self, launch: Launch, on_exit: OnExit, on_report: OnReport | None = None) -> None: ...
 
     def cancel(self, job_id: str) -> None: ...
 
@@ -59,14 +63,24 @@ class Executor(Protocol):
 EXECUTORS = ("simulated", "local", "ray")
 
 
-def make_executor(name: str, *, time_scale: float = 1.0, fail_rate: float = 0.0, seed: int = 0) -> Executor:
+def make_executor(
+    name: str,
+    *,
+    time_scale: float = 1.0,
+    fail_rate: float = 0.0,
+    seed: int = 0,
+    workdir: str | None = None,
+    max_steps: int | None = None,
+) -> Executor:
     """An executor by name; ``ValueError`` names the allowed ones and says which are not built yet."""
     if name == "simulated":
         from frenzy_opt.executors.simulated import SimulatedExecutor
 
         return SimulatedExecutor(time_scale=time_scale, fail_rate=fail_rate, seed=seed)
-    if name in ("local", "ray"):
-        raise ValueError(
-            f"executor {name!r} (torchrun / Ray) comes with the launcher (issue 6); available now: simulated"
-        )
+    if name == "local":
+        from frenzy_opt.executors.local import LocalExecutor
+
+        return LocalExecutor(workdir or "frenzy-runs", max_steps=max_steps)
+    if name == "ray":
+        raise ValueError("executor 'ray' is not built yet (issue 6); available: simulated, local")
     raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {name!r}")

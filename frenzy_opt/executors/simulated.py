@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 import threading
 
-from frenzy_opt.executors import ExitInfo, Launch, OnExit
+from frenzy_opt.executors import ExitInfo, Launch, OnExit, OnReport
 
 
 class SimulatedExecutor:
@@ -31,7 +31,7 @@ class SimulatedExecutor:
         self._timers: dict[str, threading.Timer] = {}
         self._lock = threading.Lock()
 
-    def launch(self, launch: Launch, on_exit: OnExit) -> None:
+    def launch(self, launch: Launch, on_exit: OnExit, on_report: OnReport | None = None) -> None:
         with self._lock:
             fails = self._rng.random() < self.fail_rate
         wall_s = launch.duration_s / self.time_scale * (0.5 if fails else 1.0)

@@ -1,0 +1,307 @@
+"""The local executor: a placement becomes torchrun processes on this machine running the training worker
+(:mod:`frenzy_opt.train`).
+
+One process per GPU of the placement (per CPU slot on a machine without GPUs). A placement inside one node
+is one ``torchrun --standalone``; a placement over several nodes is one torchrun per node joined by c10d
+rendezvous (``--nnodes k --node-rank i``) — on one machine the "nodes" are groups of slots, which is how
+the multi-node path is exercised here. ``CUDA_VISIBLE_DEVICES`` lists the devices the executor handed to
+the job on each node (it keeps its own per-node device ledger; CPU slots get none).
+
+Each attempt runs in ``WORKDIR/<job>/``: ``job.json`` and ``plan.json`` for the worker, ``report.jsonl``
+(its per-step reports, tailed and streamed to ``on_report``), ``attempt-N.log`` (stdout and stderr),
+``pids`` and ``checkpoints/`` (kept across attempts: a retry resumes from the newest complete checkpoint).
+When every process has ended the attempt ends: success if all exited 0, else failure with the first
+failing rank's exit code and the last lines of its log. A cancel stops the process groups (SIGTERM, then
+SIGKILL after ``grace_s``). The executor also survives an orchestrator restart: :meth:`running` reads the
+pid files of live process groups and :meth:`adopt` watches them again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from frenzy_opt.executors import ExitInfo, Launch, OnExit, OnReport
+from frenzy_opt.models.arch import ModelArch
+from frenzy_opt.plans import Plan
+from frenzy_opt.spec import ParallelConfig
+
+
+def worker_supports(parallel: ParallelConfig, arch: ModelArch) -> str | None:
+    """Why the training worker cannot run this plan, or None if it can (mirrors ``train.check_plan``)."""
+    if parallel.cp != 1 or parallel.ep != 1 or parallel.vpp != 1 or parallel.sequence_parallel:
+        return f"cp={parallel.cp}, ep={parallel.ep}, vpp={parallel.vpp}, sequence_parallel={parallel.sequence_parallel}"
+    if arch.is_moe:
+        return "mixture-of-experts models"
+    if parallel.pp > 1 and arch.tied_embeddings:
+        return "tied embeddings with pp > 1"
+    if parallel.pp > 1 and parallel.zero_stage >= 2:
+        return "zero_stage 2/3 (FSDP2) with pp > 1"
+    if parallel.zero_stage == 1 and (parallel.tp > 1 or parallel.pp > 1):
+        return "zero_stage 1 with tp or pp > 1"
+    return None
+
+
+@dataclass(slots=True)
+class _Attempt:
+    launch: Launch
+    on_exit: OnExit
+    on_report: OnReport | None
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    pgids: list[int] = field(default_factory=list)
+    devices: dict[str, list[int]] = field(default_factory=dict)
+    cancelled: bool = False
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
+    """What a run measured, from its report lines: steps, first/last loss, median step time (the first
+    step excluded when there are others: it includes warm-up), tokens/s, per-rank peak memory."""
+    steps = [r for r in records if r.get("event") == "step"]
+    memory = [r for r in records if r.get("event") == "memory"]
+    times = [r["step_time_s"] for r in steps]
+    steady = times[1:] if len(times) > 1 else times
+    out: dict[str, Any] = {"steps_run": len(steps)}
+    if steps:
+        out |= {
+            "loss_first": steps[0]["loss"],
+            "loss_last": steps[-1]["loss"],
+            "step_time_s": statistics.median(steady),
+            "tokens_per_s": statistics.median(r["tokens_per_s"] for r in steps[1:] or steps),
+        }
+    if memory:
+        out |= {"peak_memory_bytes": memory[-1]["peak_memory_bytes"], "memory_source": memory[-1]["source"]}
+    return out
+
+
+class LocalExecutor:
+    name = "local"
+
+    def __init__(
+        self,
+        workdir: str | Path,
+        *,
+        max_steps: int | None = None,
+        checkpoint_every: int = 5,
+        cpu: bool | None = None,
+        grace_s: float = 10.0,
+        extra_args: tuple[str, ...] = (),
+    ) -> None:
+        self.workdir = Path(workdir)
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.max_steps = max_steps
+        self.checkpoint_every = checkpoint_every
+        self.cpu = cpu
+        self.grace_s = grace_s
+        self.extra_args = extra_args
+        self._attempts: dict[str, _Attempt] = {}
+        self._devices_used: dict[str, set[int]] = {}
+        self._lock = threading.Lock()
+
+    # --- the protocol -----------------------------------------------------------------------------------
+
+    def supports(self, plan: Plan, arch: ModelArch) -> bool:
+        return worker_supports(plan.parallel, arch) is None
+
+    def launch(self, launch: Launch, on_exit: OnExit, on_report: OnReport | None = None) -> None:
+        job_dir = self.workdir / launch.job_id
+        job_dir.mkdir(parents=True, exist_ok=True)
+        (job_dir / "job.json").write_text(json.dumps(launch.spec.to_mapping()), encoding="utf-8")
+        plan = launch.option.plan
+        payload = {"parallel": plan.parallel.to_dict(), "micro_batch_size": plan.micro_batch_size}
+        (job_dir / "plan.json").write_text(json.dumps(payload), encoding="utf-8")
+        report = job_dir / "report.jsonl"
+        report.unlink(missing_ok=True)
+        attempt = _Attempt(launch=launch, on_exit=on_exit, on_report=on_report)
+        steps = (
+            launch.spec.training.train_steps
+            if self.max_steps is None
+            else min(self.max_steps, launch.spec.training.train_steps)
+        )
+        cuda = not self.cpu and _cuda_count() > 0
+        nnodes = len(launch.nodes)
+        port = _free_port()
+        log = open(job_dir / f"attempt-{launch.attempt}.log", "wb")  # noqa: SIM115 - closed by the watcher
+        with self._lock:
+            for node_rank, node in enumerate(launch.nodes):
+                env = {**os.environ, "PYTHONSAFEPATH": "1", "OMP_NUM_THREADS": "1"}
+                if cuda:
+                    devices = self._take_devices(node, launch.gpus_per_node)
+                    attempt.devices[node] = devices
+                    env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
+                command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={launch.gpus_per_node}"]
+                if nnodes == 1:
+                    command.append("--standalone")
+                else:
+                    command += [f"--nnodes={nnodes}", f"--node-rank={node_rank}", "--rdzv-backend=c10d"]
+                    command += [f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={launch.job_id}-{launch.attempt}"]
+                command += ["-m", "frenzy_opt.train", "--job", "job.json", "--plan", "plan.json"]
+                command += ["--steps", str(steps), "--report", str(report)]
+                command += ["--checkpoint-dir", "checkpoints", "--checkpoint-every", str(self.checkpoint_every)]
+                if not cuda:
+                    command.append("--cpu")
+                command += list(self.extra_args)
+                proc = subprocess.Popen(
+                    command, cwd=job_dir, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+                )
+                attempt.procs.append(proc)
+                attempt.pgids.append(proc.pid)
+            self._attempts[launch.job_id] = attempt
+        (job_dir / "pids").write_text(json.dumps({"attempt": launch.attempt, "pgids": attempt.pgids}), encoding="utf-8")
+        threading.Thread(target=self._watch, args=(attempt, report, log), daemon=True).start()
+
+    def cancel(self, job_id: str) -> None:
+        with self._lock:
+            attempt = self._attempts.get(job_id)
+            if attempt is not None:
+                attempt.cancelled = True
+        if attempt is not None:
+            self._stop(attempt.pgids)
+
+    def running(self) -> set[str]:
+        """Jobs with a live process group: those this executor started, and those whose pid files (from an
+        earlier orchestrator process) name live groups."""
+        alive = set()
+        for pid_file in self.workdir.glob("*/pids"):
+            try:
+                pgids = json.loads(pid_file.read_text(encoding="utf-8"))["pgids"]
+            except (OSError, ValueError, KeyError):
+                continue
+            if any(_alive(p) for p in pgids):
+                alive.add(pid_file.parent.name)
+        return alive
+
+    def adopt(self, job_id: str, attempt: int, on_exit: OnExit) -> None:
+        """Watch again the processes of a job started before a restart; its end is read from its report."""
+        job_dir = self.workdir / job_id
+        pgids = json.loads((job_dir / "pids").read_text(encoding="utf-8"))["pgids"]
+
+        def watch() -> None:
+            while any(_alive(p) for p in pgids):
+                time.sleep(0.5)
+            records = _read(job_dir / "report.jsonl")
+            ended = any(r.get("event") == "end" for r in records)
+            cause = "" if ended else "processes ended without the worker's end report (adopted after a restart)"
+            on_exit(job_id, attempt, ExitInfo(ok=ended, cause=cause, measured=summarize(records)))
+
+        threading.Thread(target=watch, daemon=True).start()
+
+    def shutdown(self) -> None:
+        with self._lock:
+            attempts = list(self._attempts.values())
+        for attempt in attempts:
+            attempt.cancelled = True
+            self._stop(attempt.pgids)
+
+    # --- internals --------------------------------------------------------------------------------------
+
+    def _take_devices(self, node: str, count: int) -> list[int]:
+        used = self._devices_used.setdefault(node, set())
+        free = [i for i in range(_cuda_count()) if i not in used][:count]
+        used.update(free)
+        return free
+
+    def _watch(self, attempt: _Attempt, report: Path, log: Any) -> None:
+        seen = 0
+        records: list[dict[str, Any]] = []
+        while True:
+            done = all(p.poll() is not None for p in attempt.procs)
+            fresh = _read(report)[seen:]
+            seen += len(fresh)
+            records += fresh
+            if attempt.on_report is not None:
+                for record in fresh:
+                    attempt.on_report(attempt.launch.job_id, attempt.launch.attempt, record)
+            if done:
+                break
+            if any(p.returncode not in (None, 0) for p in attempt.procs):
+                self._stop(attempt.pgids)  # one node failed: stop the others, which would wait forever
+            time.sleep(0.2)
+        log.close()
+        with self._lock:
+            if self._attempts.get(attempt.launch.job_id) is attempt:
+                del self._attempts[attempt.launch.job_id]
+            for node, devices in attempt.devices.items():
+                self._devices_used[node].difference_update(devices)
+        if attempt.cancelled:
+            return
+        codes = [p.returncode for p in attempt.procs]
+        measured = summarize(records)
+        if all(code == 0 for code in codes):
+            attempt.on_exit(attempt.launch.job_id, attempt.launch.attempt, ExitInfo(ok=True, measured=measured))
+            return
+        job_dir = report.parent
+        tail = _tail(job_dir / f"attempt-{attempt.launch.attempt}.log")
+        failing = next(i for i, code in enumerate(codes) if code != 0)
+        cause = f"node {failing} (torchrun) exited with code {codes[failing]}: {tail}"
+        attempt.on_exit(
+            attempt.launch.job_id, attempt.launch.attempt, ExitInfo(ok=False, cause=cause, measured=measured)
+        )
+
+    def _stop(self, pgids: list[int]) -> None:
+        for pgid in pgids:
+            _signal(pgid, signal.SIGTERM)
+        deadline = time.monotonic() + self.grace_s
+        while any(_alive(p) for p in pgids) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        for pgid in pgids:
+            _signal(pgid, signal.SIGKILL)
+
+
+def _read(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            break  # a line being written
+    return out
+
+
+def _tail(path: Path, lines: int = 3) -> str:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    wanted = [line for line in text if "Error" in line or "exitcode" in line] or text
+    return " | ".join(line.strip() for line in wanted[-lines:])[:500]
+
+
+def _alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def _signal(pgid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pgid, sig)
+
+
+def _cuda_count() -> int:
+    try:
+        import torch
+
+        return int(torch.cuda.device_count())
+    except Exception:  # torch without CUDA support
+        return 0
