@@ -255,13 +255,17 @@ class LocalExecutor:
         )
 
     def _stop(self, pgids: list[int]) -> None:
+        """SIGTERM each torchrun agent (it stops its ranks), then SIGKILL agents and ranks left after the
+        grace period (torchrun starts every rank in a session of its own, so the agent's group is not
+        enough)."""
+        ranks = [pid for pgid in pgids for pid in _children(pgid)]
         for pgid in pgids:
             _signal(pgid, signal.SIGTERM)
         deadline = time.monotonic() + self.grace_s
-        while any(_alive(p) for p in pgids) and time.monotonic() < deadline:
+        while any(_alive(p) for p in pgids + ranks) and time.monotonic() < deadline:
             time.sleep(0.1)
-        for pgid in pgids:
-            _signal(pgid, signal.SIGKILL)
+        for pid in pgids + ranks:
+            _signal(pid, signal.SIGKILL)
 
 
 def _read(path: Path) -> list[dict[str, Any]]:
@@ -283,6 +287,19 @@ def _tail(path: Path, lines: int = 3) -> str:
         return ""
     wanted = [line for line in text if "Error" in line or "exitcode" in line] or text
     return " | ".join(line.strip() for line in wanted[-lines:])[:500]
+
+
+def _children(pid: int) -> list[int]:
+    """Processes whose parent is ``pid`` (Linux /proc; empty elsewhere)."""
+    found = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(entry.name))
+    return found
 
 
 def _alive(pgid: int) -> bool:
