@@ -25,6 +25,7 @@ from sqlalchemy.exc import IntegrityError
 
 from frenzy_opt.api.auth import Principal, TenantConfig
 from frenzy_opt.api.schemas import STATES, EventOut, JobIn, JobListOut, JobOut, PlanOut, PlansOut
+from frenzy_opt.closedloop import memory_errors
 from frenzy_opt.cluster import ClusterSpec
 from frenzy_opt.executors import Executor
 from frenzy_opt.orchestrator import Orchestrator, new_job_id
@@ -356,6 +357,21 @@ def create_app(config: ServiceConfig) -> FastAPI:
         if not who.admin:
             view["running"] = [r for r in view["running"] if r["tenant"] == who.tenant]
         return view
+
+    @app.get(f"/{API_VERSION}/calibration", responses={401: {}})
+    def calibration(authorization: Auth = None) -> dict[str, Any]:
+        """The closed loop: step-time efficiencies refitted from measured runs (per GPU@precision, with the
+        prediction error before and after) and measured vs predicted peak memory of recent runs."""
+        principal_of(authorization)
+        with orchestrator._lock:
+            samples = list(orchestrator.samples)
+            report = dict(orchestrator.calibration_report)
+        return {
+            "efficiency": dict(orchestrator.step_model.efficiency),
+            "report": report,
+            "memory": memory_errors(samples)[-50:],
+            "samples": len(samples),
+        }
 
     @app.get("/healthz")
     def healthz() -> dict[str, Any]:

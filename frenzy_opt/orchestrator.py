@@ -35,8 +35,10 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+from frenzy_opt.closedloop import Sample, recalibrate, sample_of
 from frenzy_opt.cluster import ClusterSpec
 from frenzy_opt.executors import Executor, ExitInfo, Launch
+from frenzy_opt.plans import DEFAULT_STEP_MODEL
 from frenzy_opt.problem import Option, OptionCache, ProblemJob, SchedulingProblem
 from frenzy_opt.solvers.greedy import GreedyState
 from frenzy_opt.spec import JobSpec, parse_job
@@ -125,8 +127,17 @@ class Orchestrator:
         self.time_scale = time_scale
         self.topology = cache.topology if cache is not None else Topology(cluster)
         supports = getattr(executor, "supports", None)
-        plan_filter = None if supports is None else (lambda plan, spec: bool(supports(plan, spec.model)))
-        self.cache = cache if cache is not None else OptionCache(cluster, self.topology, plan_filter=plan_filter)
+        self._plan_filter = None if supports is None else (lambda plan, spec: bool(supports(plan, spec.model)))
+        self.base_model = DEFAULT_STEP_MODEL
+        self.step_model = self.base_model
+        for key, entry in store.calibration().items():  # efficiencies fitted by earlier runs
+            gpu, _, precision = key.partition("@")
+            self.step_model = self.step_model.with_efficiency(gpu, entry["efficiency_after"], precision or None)
+        self.cache = cache or OptionCache(
+            cluster, self.topology, plan_filter=self._plan_filter, step_model=self.step_model
+        )
+        self.samples: list[Sample] = []
+        self.calibration_report: dict[str, dict[str, Any]] = store.calibration()
         self.progress: dict[str, dict[str, Any]] = {}
         self.state = GreedyState(SchedulingProblem(topology=self.topology, jobs=()))
         self.tenant_of: dict[str, str] = {}
@@ -323,9 +334,27 @@ class Orchestrator:
         self.progress.pop(job_id, None)
         if info.ok:
             pending.add(job_id, "succeeded", "completed", measured=info.measured or None)
+            self._learn(job_id, run, info)
             self.reasons.pop(job_id, None)
             return
         self._retry_or_fail(job_id, info.cause or "attempt failed", pending)
+
+    def _learn(self, job_id: str, run: Run, info: ExitInfo) -> None:
+        """Closed loop: a measured run refits its GPU type's efficiency (:mod:`frenzy_opt.closedloop`);
+        later plan searches use the refitted step-time model."""
+        plan = {**run.option.plan.to_dict()}
+        sample = sample_of(job_id, self.specs[job_id], plan, info.measured, self.cluster)
+        if sample is None or info.measured.get("source") == "simulated":
+            return
+        self.samples.append(sample)
+        try:
+            model, report = recalibrate([s for s in self.samples if s.key == sample.key], self.step_model)
+        except ValueError:  # e.g. a measurement faster than any efficiency allows: keep the model
+            return
+        self.step_model = model
+        self.calibration_report.update(report)
+        self.store.save_calibration(report)
+        self.cache = OptionCache(self.cluster, self.topology, plan_filter=self._plan_filter, step_model=self.step_model)
 
     def _retry_or_fail(self, job_id: str, cause: str, pending: _Pending) -> None:
         attempts = self.attempts.get(job_id, 0)

@@ -18,9 +18,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from frenzy_opt.cluster import ClusterSpec
-from frenzy_opt.plans import Plan, enumerate_plans
+from frenzy_opt.plans import DEFAULT_STEP_MODEL, Plan, enumerate_plans
 from frenzy_opt.scenario import Scenario
 from frenzy_opt.spec import JobSpec
+from frenzy_opt.steptime import StepTimeModel
 from frenzy_opt.topology import Topology
 
 
@@ -151,12 +152,14 @@ class OptionCache:
         topology: Topology,
         max_options_per_type: int = 4,
         plan_filter: Callable[[Plan, JobSpec], bool] | None = None,
+        step_model: StepTimeModel = DEFAULT_STEP_MODEL,
     ) -> None:
         self.cluster = cluster
         self.topology = topology
         self.max_options_per_type = max_options_per_type
         self.plan_filter = plan_filter
         """Only plans it accepts become options (e.g. what an executor can run)."""
+        self.step_model = step_model
         self._searches: dict[tuple[object, ...], tuple[dict[tuple[str, int], Option], tuple[Option, ...]]] = {}
 
     def _search(self, spec: JobSpec) -> tuple[dict[tuple[str, int], Option], tuple[Option, ...]]:
@@ -167,7 +170,7 @@ class OptionCache:
         found = self._searches.get(key)
         if found is None:
             one_step = replace(spec, name="", training=replace(t, train_steps=1))
-            plans = enumerate_plans(one_step, self.cluster).plans
+            plans = enumerate_plans(one_step, self.cluster, step_model=self.step_model).plans
             if self.plan_filter is not None:
                 plans = [p for p in plans if self.plan_filter(p, spec)]
             per_count = best_per_count(plans, self.topology, round_up=False)

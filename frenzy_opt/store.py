@@ -85,6 +85,18 @@ class EventRow(Base):
     detail: Mapped[str] = mapped_column(Text, default="")
 
 
+class CalibrationRow(Base):
+    """A fitted efficiency of the step-time model (closed loop), per ``GPU@precision``."""
+
+    __tablename__ = "calibration"
+
+    key: Mapped[str] = mapped_column(String(100), primary_key=True)
+    efficiency: Mapped[float] = mapped_column(Float)
+    samples: Mapped[int] = mapped_column(Integer)
+    report_json: Mapped[str] = mapped_column(Text)
+    updated_at: Mapped[float] = mapped_column(Float)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobRecord:
     """A job as stored, detached from any session."""
@@ -280,6 +292,25 @@ class Store:
             row = s.get(JobRow, job_id)
             if row is not None and row.reason != reason:
                 row.reason = reason
+
+    def save_calibration(self, report: dict[str, dict[str, Any]]) -> None:
+        """Upsert the fitted efficiencies (:func:`frenzy_opt.closedloop.recalibrate`'s report)."""
+        now = time.time()
+        with self.session() as s:
+            for key, entry in report.items():
+                row = s.get(CalibrationRow, key)
+                if row is None:
+                    row = CalibrationRow(key=key)
+                    s.add(row)
+                row.efficiency = float(entry["efficiency_after"])
+                row.samples = int(entry["samples"])
+                row.report_json = json.dumps(entry)
+                row.updated_at = now
+
+    def calibration(self) -> dict[str, dict[str, Any]]:
+        with self.session() as s:
+            rows = s.scalars(select(CalibrationRow).order_by(CalibrationRow.key))
+            return {r.key: {**json.loads(r.report_json), "updated_at": r.updated_at} for r in rows}
 
     # --- reads -----------------------------------------------------------------------------------------
 

@@ -156,3 +156,16 @@ def test_frenzy_launch_runs_the_fastest_runnable_plan_and_reports_measured_vs_pr
     assert out["steps_run"] == 20 and out["loss_last"] < out["loss_first"]
     assert len(out["measured"]["peak_memory_bytes"]) == out["plan"]["num_gpus"]
     assert out["predicted"]["step_time_s"] > 0
+
+
+@pytest.mark.slow
+def test_the_closed_loop_refits_the_cpu_slot_efficiency_from_the_runs(service: tuple[httpx.Client, Path]) -> None:
+    """Runs after the mode tests in this module (same service): their measured step times refit CPU-SLOT."""
+    client, _ = service
+    body = client.get("/v1/calibration").json()
+    entry = body["report"]["CPU-SLOT@fp32"]
+    assert body["samples"] >= 1 and entry["samples"] >= 1
+    assert entry["efficiency_after"] != entry["efficiency_before"]
+    assert entry["step_time_error_after"] < entry["step_time_error_before"]
+    assert body["efficiency"]["CPU-SLOT@fp32"] == entry["efficiency_after"]
+    assert all(m["source"] == "MemTracker" for m in body["memory"])

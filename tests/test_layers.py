@@ -34,6 +34,8 @@ LAYERS = {
     "frenzy_opt.store": 2,
     "frenzy_opt.executors": 5,
     "frenzy_opt.train": 5,
+    "frenzy_opt.closedloop": 5,
+    "frenzy_opt.launch": 6,
     "frenzy_opt.solvers": 6,
     "frenzy_opt.orchestrator": 6,
     "frenzy_opt.api": 7,

@@ -36,7 +36,7 @@ class FakeExecutor:
         self.launched: dict[str, Launch] = {}
         self.alive = alive or set()
 
-    def launch(self, launch: Launch, on_exit: OnExit) -> None:
+    def launch(self, launch: Launch, on_exit: OnExit, on_report: object = None) -> None:
         self.launched[launch.job_id] = launch
 
     def cancel(self, job_id: str) -> None:

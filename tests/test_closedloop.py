@@ -1,0 +1,53 @@
+"""The closed loop's arithmetic: a recalibration recovers a known efficiency from step times generated with
+it, lowers the step-time error, and memory is compared only with comparable measurements."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from frenzy_opt.closedloop import Sample, memory_errors, predicted_step_s, recalibrate, sample_of
+from frenzy_opt.plans import DEFAULT_STEP_MODEL, enumerate_plans
+from frenzy_opt.scenario import load_cluster_ref
+from frenzy_opt.spec import parse_job
+
+CLUSTER = load_cluster_ref("paper-3type")
+JOB = parse_job({"model": "gpt3-350m", "training": {"seq_len": 2048, "global_batch_size": 64, "precision": "bf16"}})
+
+
+def _samples(efficiency: float) -> list[Sample]:
+    truth = DEFAULT_STEP_MODEL.with_efficiency("A100-SXM4-80GB", efficiency, "bf16")
+    plans = [p for p in enumerate_plans(JOB, CLUSTER).plans if p.gpu_type == "A100-SXM4-80GB"][:6]
+    samples = []
+    for i, plan in enumerate(plans):
+        base = sample_of(f"j{i}", JOB, plan.to_dict(), {"step_time_s": 1.0}, CLUSTER)
+        assert base is not None
+        measured = predicted_step_s(base, truth)
+        samples.append(replace(base, step_time_s=measured, peak_memory_bytes=(plan.peak_allocated_bytes,)))
+    return samples
+
+
+def test_recalibration_recovers_the_efficiency_that_generated_the_times() -> None:
+    samples = _samples(0.31)
+    model, report = recalibrate(samples, DEFAULT_STEP_MODEL)
+    entry = report["A100-SXM4-80GB@bf16"]
+    assert entry["efficiency_after"] == pytest.approx(0.31, rel=1e-6)
+    assert entry["step_time_error_after"] < 1e-6 < entry["step_time_error_before"]
+    assert model.efficiency["A100-SXM4-80GB@bf16"] == pytest.approx(0.31, rel=1e-6)
+    assert entry["samples"] == len(samples)
+
+
+def test_memory_is_compared_only_for_comparable_measurements() -> None:
+    samples = _samples(0.4)
+    tracked = [replace(s, memory_source="MemTracker", peak_memory_bytes=(s.predicted_peak_bytes * 2,)) for s in samples]
+    rss = [replace(s, memory_source="max_rss") for s in samples]
+    errors = memory_errors(tracked + rss)
+    assert len(errors) == len(samples)
+    assert all(e["error"] == pytest.approx(-0.5) for e in errors)
+
+
+def test_runs_without_a_step_time_give_no_sample() -> None:
+    plan = enumerate_plans(JOB, CLUSTER).plans[0].to_dict()
+    assert sample_of("x", JOB, plan, {}, CLUSTER) is None
+    assert sample_of("x", JOB, plan, {"steps_run": 0}, CLUSTER) is None
