@@ -508,6 +508,25 @@ def cmd_launch(args: argparse.Namespace) -> int:
     return 0 if payload["state"] == "succeeded" else 1
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from frenzy_opt.export import load_placement, to_k8s, to_slurm
+
+    placement = load_placement(resolve(args.placement))
+    if args.to == "slurm":
+        text = to_slurm(placement, steps=args.steps, partition=args.partition)
+    else:
+        text = to_k8s(placement, steps=args.steps, image=args.image)
+    if args.out:
+        Path(args.out).write_text(text, encoding="utf-8")
+    payload = {"target": args.to, "out": args.out, "text": text}
+
+    def render(_: Console) -> None:
+        sys.stdout.write(text if not args.out else f"wrote {args.out}\n")
+
+    _emit(args, payload, render)
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from frenzy_opt.service import demo
 
@@ -584,6 +603,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--executor", default="local", help="local (torchrun on this machine); ray: not built yet")
     p.add_argument("--steps", type=int, help="train at most this many steps (default: the spec's train_steps)")
     p.add_argument("--workdir", default="frenzy-runs", help="where runs keep their files (default frenzy-runs)")
+    p = add("export", "a placement as a Slurm batch script or a Kubernetes manifest", cmd_export)
+    p.add_argument("placement", help="placement file (JSON/YAML: job, plan, placement; e.g. frenzy launch --json)")
+    p.add_argument("--to", required=True, choices=("slurm", "k8s"))
+    p.add_argument("--out", help="write here instead of stdout")
+    p.add_argument("--steps", type=int, help="train at most this many steps")
+    p.add_argument("--partition", help="slurm: the partition to submit to")
+    p.add_argument("--image", default="frenzy-opt:latest", help="k8s: the container image with frenzy-opt")
     p = add("demo", "the serverless flow in a minute: service, HTTP submissions, live decisions", cmd_demo)
     p.add_argument("scenario", nargs="?", default=DEFAULT_SCENARIO, help="scenario file or shipped name")
     p.add_argument("--time-scale", type=float, default=3600.0, help="cluster seconds per wall second (default 3600)")

@@ -81,6 +81,7 @@ def launch_job(
     measured = dict(info.measured)
     plan = option.plan
     return {
+        "job": spec.to_mapping(),
         "state": "succeeded" if info.ok else "failed",
         "cause": info.cause,
         "plan": {**plan.to_dict(), "micro_batch_size": plan.micro_batch_size},

@@ -361,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m frenzy_opt.train", description=__doc__.split("\n\n")[0])
     parser.add_argument("--job", required=True, help="job spec (contract 1, JSON or YAML)")
     parser.add_argument("--plan", required=True, help="JSON: {parallel: {...}, micro_batch_size: n}")
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--steps", type=int, help="steps to train (default: the spec's train_steps)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--schedule", choices=("1f1b", "gpipe"), default="1f1b")
@@ -381,6 +381,8 @@ def main(argv: list[str] | None = None) -> int:
     plan = json.loads(Path(args.plan).read_text(encoding="utf-8"))
     parallel = ParallelConfig(**plan["parallel"])
     job = job.with_parallel(parallel, int(plan.get("micro_batch_size", job.training.micro_batch_size)))
+    if args.steps is None:
+        args.steps = job.training.train_steps
     backend = "nccl" if torch.cuda.is_available() and not args.cpu else "gloo"
     dist.init_process_group(backend=backend)
     try:

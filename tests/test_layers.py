@@ -36,6 +36,7 @@ LAYERS = {
     "frenzy_opt.train": 5,
     "frenzy_opt.closedloop": 5,
     "frenzy_opt.launch": 6,
+    "frenzy_opt.export": 2,
     "frenzy_opt.solvers": 6,
     "frenzy_opt.orchestrator": 6,
     "frenzy_opt.api": 7,
