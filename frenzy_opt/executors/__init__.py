@@ -4,13 +4,15 @@ An executor starts one attempt of a job on the GPUs of its placement (:meth:`Exe
 end through the ``on_exit`` callback (from any thread), stops it on request (:meth:`Executor.cancel`) and
 says which jobs it is still running (:meth:`Executor.running`) so that the orchestrator can reconcile after
 a restart. Executors: ``simulated`` (:mod:`frenzy_opt.executors.simulated`, time scaled, the embedded
-default) and ``local`` (:mod:`frenzy_opt.executors.local`, torchrun processes running
-:mod:`frenzy_opt.train`). Optional methods: ``supports(plan, arch)`` (the planner then offers only plans the
-executor can run) and ``adopt(job_id, attempt, on_exit)`` (watch a run that survived a restart).
+default), ``local`` (:mod:`frenzy_opt.executors.local`, torchrun processes running
+:mod:`frenzy_opt.train`) and ``ray`` (:mod:`frenzy_opt.executors.ray`, a placement group and one actor per
+rank; ``RAY_ADDRESS`` names the cluster). Optional methods: ``supports(plan, arch)`` (the planner then
+offers only plans the executor can run) and ``adopt(job_id, attempt, on_exit)`` (watch a run that survived a restart).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -82,5 +84,7 @@ def make_executor(
 
         return LocalExecutor(workdir or "frenzy-runs", max_steps=max_steps)
     if name == "ray":
-        raise ValueError("executor 'ray' is not built yet (issue 6); available: simulated, local")
+        from frenzy_opt.executors.ray import RayExecutor
+
+        return RayExecutor(workdir or "frenzy-runs", address=os.environ.get("RAY_ADDRESS"), max_steps=max_steps)
     raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {name!r}")
