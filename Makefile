@@ -19,9 +19,11 @@ install: $(STAMP)
 
 # The plans of the embedded default scenario, then the serverless flow: the HTTP service on its cluster with the
 # simulated executor (an hour per second), the jobs submitted over HTTP, decisions printed live (about 30 s).
+# `make run LAUNCH=1` then really trains a tiny decoder with torch.distributed on CPU slots (frenzy launch).
 run: install
 	$(BIN)/frenzy run
 	$(BIN)/frenzy demo
+	@if [ -n "$(LAUNCH)" ]; then $(BIN)/frenzy launch job-tiny --workdir .frenzy-runs; fi
 
 lint: install
 	$(BIN)/ruff check .

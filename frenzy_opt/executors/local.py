@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import statistics
@@ -103,7 +104,7 @@ class LocalExecutor:
         grace_s: float = 10.0,
         extra_args: tuple[str, ...] = (),
     ) -> None:
-        self.workdir = Path(workdir)
+        self.workdir = Path(workdir).resolve()  # the worker runs in the job's folder: paths must be absolute
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.max_steps = max_steps
         self.checkpoint_every = checkpoint_every
@@ -285,8 +286,10 @@ def _tail(path: Path, lines: int = 3) -> str:
         text = path.read_text(encoding="utf-8", errors="replace").strip().splitlines()
     except OSError:
         return ""
-    wanted = [line for line in text if "Error" in line or "exitcode" in line] or text
-    return " | ".join(line.strip() for line in wanted[-lines:])[:500]
+    # The ranks' own errors ("[rank0]: ValueError: …") name the cause; torchrun's summary only the codes.
+    ranks = [line for line in text if re.match(r"\[rank\d+\]: \w+(Error|Exception)", line.strip())]
+    wanted = ranks[:1] + ranks[-1:] if ranks else [line for line in text if "exitcode" in line] or text
+    return " | ".join(dict.fromkeys(line.strip() for line in wanted[-lines:]))[:500]
 
 
 def _children(pid: int) -> list[int]:
