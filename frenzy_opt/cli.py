@@ -473,6 +473,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         time_scale=args.time_scale,
         fail_rate=args.fail_rate,
         decision_wait_s=args.decision_wait_s,
+        workdir=args.workdir,
     )
     serve(config, args.host, args.port)
     return 0
@@ -588,7 +589,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--db", default="sqlite:///frenzy-opt.db", help="SQLAlchemy URL (default: SQLite file frenzy-opt.db)"
     )
     p.add_argument("--cluster", default="paper-3type", help="cluster file or shipped name (default paper-3type)")
-    p.add_argument("--executor", default="simulated", help="simulated (local and ray: issue 6)")
+    p.add_argument("--executor", default="simulated", help="simulated, local (torchrun) or ray (RAY_ADDRESS)")
+    p.add_argument("--workdir", default="frenzy-runs", help="local/ray executors: where runs keep their files")
     p.add_argument("--tokens", help="tokens/tenants/quotas file (YAML or JSON); none: single-tenant local mode")
     p.add_argument("--time-scale", type=float, default=1.0, help="simulated executor: cluster seconds per second")
     p.add_argument("--fail-rate", type=float, default=0.0, help="simulated executor: fraction of attempts that fail")
@@ -600,7 +602,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("job", help="job spec file (YAML or JSON, contract 1) or a shipped job name")
     p.add_argument("--cluster", default="local-4slot", help="cluster file or shipped name (default local-4slot)")
-    p.add_argument("--executor", default="local", help="local (torchrun on this machine); ray: not built yet")
+    p.add_argument("--executor", default="local", help="local (torchrun on this machine) or ray (RAY_ADDRESS)")
     p.add_argument("--steps", type=int, help="train at most this many steps (default: the spec's train_steps)")
     p.add_argument("--workdir", default="frenzy-runs", help="where runs keep their files (default frenzy-runs)")
     p = add("export", "a placement as a Slurm batch script or a Kubernetes manifest", cmd_export)

@@ -33,6 +33,7 @@ def build_config(
     time_scale: float = 1.0,
     fail_rate: float = 0.0,
     decision_wait_s: float = 0.25,
+    workdir: str = "frenzy-runs",
 ) -> ServiceConfig:
     if not time_scale > 0:
         raise ValueError(f"--time-scale must be > 0, got {time_scale}")
@@ -42,7 +43,7 @@ def build_config(
     return ServiceConfig(
         cluster=cluster,
         db_url=db_url,
-        executor=make_executor(executor, time_scale=time_scale, fail_rate=fail_rate),
+        executor=make_executor(executor, time_scale=time_scale, fail_rate=fail_rate, workdir=workdir),
         tenants=tenants,
         time_scale=time_scale,
         decision_wait_s=decision_wait_s,

@@ -6,11 +6,13 @@ Parallelism, on a device mesh ``(pp, dp, tp)`` (``torch.distributed.device_mesh`
 * **tp** — tensor parallelism with DTensor (``torch.distributed.tensor.parallel``): attention's q/k/v and
   the MLP's up/gate column-wise, attention's output and the MLP's down row-wise (Megatron-LM's split,
   Shoeybi et al. 2019, §3); each rank then holds ``heads / tp`` heads. Embedding, norms and output stay
-  replicated across tp.
-* **pp** — pipeline parallelism with ``torch.distributed.pipelining``: the model's layers are split into
-  ``pp`` stages (uneven remainder to the first stages, as MARP assumes), each rank builds its stage from the
-  full seeded model (so every layout starts from the same weights) and runs 1F1B (GPipe when
-  ``--schedule gpipe``) over the step's micro-batches.
+  replicated across tp — unless ``sequence_parallel``: then norms run on sequence shards, the embedding is
+  vocabulary-parallel and the head gathers the sequence (Korthikanti et al. 2022, :func:`apply_tp`).
+* **pp / vpp** — pipeline parallelism with ``torch.distributed.pipelining``: the model's layers are split
+  into ``pp x vpp`` chunks (uneven remainder to the first, as MARP assumes), chunk ``c`` on pipeline rank
+  ``c % pp``; each rank cuts its chunks from the full seeded model (so every layout starts from the same
+  weights) and runs 1F1B (GPipe with ``--schedule gpipe``), or interleaved 1F1B when ``vpp > 1``, over the
+  step's micro-batches.
 * **dp / ZeRO** — ``zero_stage`` 0: replicated weights, gradients all-reduced over the dp group (PyTorch DDP
   when the model is neither tensor- nor pipeline-parallel; an explicit all-reduce otherwise, since DDP around
   DTensor modules fails); 1: DDP + ``ZeroRedundancyOptimizer`` (optimizer states sharded; ZeRO-1); 2: FSDP2
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import json
 import math
 import os
@@ -55,7 +58,7 @@ from frenzy_opt.marp.stages import chunk_layer_counts
 from frenzy_opt.models.reference import ReferenceDecoder
 from frenzy_opt.spec import JobSpec, ParallelConfig, parse_job
 
-SUPPORTED = "dp, tp, pp, zero_stage 0-3, recompute, micro-batching (cp, ep, vpp > 1 and sequence_parallel are not)"
+SUPPORTED = "dp, tp (+ sequence parallel), pp, vpp, zero_stage 0-3, recompute, micro-batching (cp and ep are not)"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -102,42 +105,69 @@ def build_full_model(job: JobSpec, seed: int) -> ReferenceDecoder:
     )
 
 
-def cut_stage(model: ReferenceDecoder, stage: int, pp: int) -> ReferenceDecoder:
-    """Keep only pipeline stage ``stage``'s layers (and the embedding on the first, the head on the last)."""
-    if pp == 1:
+def cut_chunk(model: ReferenceDecoder, chunk: int, pp: int, vpp: int = 1) -> ReferenceDecoder:
+    """Keep only model chunk ``chunk``'s layers (of ``pp x vpp`` chunks; chunk c lives on pipeline rank
+    ``c % pp``, Narayanan et al. 2021 §2.2) — and the embedding on the first chunk, the head on the last."""
+    chunks = pp * vpp
+    if chunks == 1:
         return model
-    counts = chunk_layer_counts(len(model.layers), pp, 1)
-    first = sum(counts[:stage])
-    model.layers = nn.ModuleList(list(model.layers)[first : first + counts[stage]])
-    if stage > 0:
+    counts = chunk_layer_counts(len(model.layers), pp, vpp)
+    first = sum(counts[:chunk])
+    model.layers = nn.ModuleList(list(model.layers)[first : first + counts[chunk]])
+    if chunk > 0:
         model.embed = None
         model.pos_embed = None
-    if stage < pp - 1:
+    if chunk < chunks - 1:
         model.final_norm = None
         model.output = None
     return model
 
 
-def apply_tp(model: ReferenceDecoder, mesh: Any, tp: int) -> None:
-    """Megatron's column/row split of every block over the tp mesh (module docstring)."""
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+def apply_tp(model: ReferenceDecoder, mesh: Any, tp: int, sequence_parallel: bool = False) -> None:
+    """Megatron's column/row split of every block over the tp mesh (module docstring). With
+    ``sequence_parallel`` (Korthikanti et al. 2022, §4.2.2) the residual stream between the tensor-parallel
+    regions is sharded along the sequence: norms run on ``s / tp`` tokens, the attention and MLP inputs are
+    all-gathered and their outputs reduce-scattered; the embedding becomes vocabulary-parallel and the head
+    gathers the sequence back."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
 
     if tp == 1:
         return
     for block in model.layers:
+        out = {"output_layouts": Shard(1), "use_local_output": False} if sequence_parallel else {}
         plan: dict[str, Any] = {
             "attn.wq": ColwiseParallel(),
             "attn.wk": ColwiseParallel(),
             "attn.wv": ColwiseParallel(),
-            "attn.wo": RowwiseParallel(),
+            "attn.wo": RowwiseParallel(**out),
             "mlp.up": ColwiseParallel(),
-            "mlp.down": RowwiseParallel(),
+            "mlp.down": RowwiseParallel(**out),
         }
         if getattr(block.mlp, "gate", None) is not None:
             plan["mlp.gate"] = ColwiseParallel()
+        if sequence_parallel:
+            plan["norm1"] = SequenceParallel()
+            plan["norm2"] = SequenceParallel()
+            plan["attn"] = PrepareModuleInput(input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None))
+            plan["mlp"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
         parallelize_module(block, mesh, plan)
         block.attn.num_heads //= tp  # the local outputs hold heads / tp heads
         block.attn.num_kv_heads //= tp
+    if sequence_parallel:
+        top: dict[str, Any] = {}
+        if model.embed is not None:
+            top["embed"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1), use_local_output=False)
+        if model.final_norm is not None and model.output is not None:
+            top["final_norm"] = SequenceParallel()
+            top["output"] = ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate())
+        parallelize_module(model, mesh, top)
 
 
 def batch_for(step: int, job: JobSpec, seed: int, tokens: np.ndarray | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -182,8 +212,15 @@ class Worker:
             tp_rank=self.mesh.get_local_rank("tp"),
         )
         self.dp_group = self.mesh.get_group("dp")
-        model = cut_stage(build_full_model(job, args.seed), self.layout.stage, p.pp).to(self.device)
-        apply_tp(model, self.mesh["tp"], p.tp)
+        # This rank's model chunks: one per pipeline stage, vpp of them with interleaving (c = stage + k pp).
+        chunk_ids = [c for c in range(p.pp * p.vpp) if c % p.pp == self.layout.stage]
+        full = build_full_model(job, args.seed)
+        modules = [cut_chunk(copy.deepcopy(full) if len(chunk_ids) > 1 else full, c, p.pp, p.vpp) for c in chunk_ids]
+        for module in modules:
+            module.to(self.device)
+            apply_tp(module, self.mesh["tp"], p.tp, p.sequence_parallel)
+        self.chunks = list(zip(chunk_ids, modules, strict=True))
+        model: Any = modules[0] if len(modules) == 1 else nn.ModuleDict({f"chunk{c}": m for c, m in self.chunks})
         self.module: nn.Module = model
         self.model = model
         self.manual_allreduce = False
@@ -215,22 +252,28 @@ class Worker:
         self.tokens = None if args.tokens is None else np.memmap(args.tokens, dtype=args.token_dtype, mode="r")
 
     def _build_pipeline(self) -> None:
-        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
-
-        stage = PipelineStage(
-            self.model,
-            self.layout.stage,
-            self.layout.pp,
-            self.device,
-            group=self.mesh.get_group("pp"),
+        from torch.distributed.pipelining import (
+            PipelineStage,
+            Schedule1F1B,
+            ScheduleGPipe,
+            ScheduleInterleaved1F1B,
         )
+
+        num_stages = self.layout.pp * self.parallel.vpp
+        stages = [
+            PipelineStage(module, chunk, num_stages, self.device, group=self.mesh.get_group("pp"))
+            for chunk, module in self.chunks
+        ]
         vocab = self.job.model.vocab_size
 
         def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
             return F.cross_entropy(logits.float().view(-1, vocab), targets.reshape(-1))
 
-        kind = ScheduleGPipe if self.args.schedule == "gpipe" else Schedule1F1B
-        self.schedule = kind(stage, n_microbatches=self.num_micro, loss_fn=loss_fn)
+        if self.parallel.vpp > 1:  # interleaved 1F1B over the rank's chunks (Narayanan et al. 2021 §2.2)
+            self.schedule = ScheduleInterleaved1F1B(stages, n_microbatches=self.num_micro, loss_fn=loss_fn)
+        else:
+            kind = ScheduleGPipe if self.args.schedule == "gpipe" else Schedule1F1B
+            self.schedule = kind(stages[0], n_microbatches=self.num_micro, loss_fn=loss_fn)
 
     # --- one step ---------------------------------------------------------------------------------------
 

@@ -26,7 +26,9 @@ LAYOUTS = {
     "fsdp2": {"dp": 2, "zero_stage": 3},
     "zero1": {"dp": 2, "zero_stage": 1},
     "tp": {"tp": 2},
+    "tp + sequence parallel": {"tp": 2, "sequence_parallel": True},
     "pp": {"pp": 2},
+    "pp interleaved (vpp 2)": {"pp": 2, "vpp": 2},
     "pp x tp": {"pp": 2, "tp": 2},
     "hsdp dp x tp": {"dp": 2, "tp": 2, "zero_stage": 3},
 }

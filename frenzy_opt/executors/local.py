@@ -41,8 +41,10 @@ from frenzy_opt.spec import ParallelConfig
 
 def worker_supports(parallel: ParallelConfig, arch: ModelArch) -> str | None:
     """Why the training worker cannot run this plan, or None if it can (mirrors ``train.check_plan``)."""
-    if parallel.cp != 1 or parallel.ep != 1 or parallel.vpp != 1 or parallel.sequence_parallel:
-        return f"cp={parallel.cp}, ep={parallel.ep}, vpp={parallel.vpp}, sequence_parallel={parallel.sequence_parallel}"
+    if parallel.cp != 1 or parallel.ep != 1:
+        return f"cp={parallel.cp}, ep={parallel.ep}"
+    if parallel.sequence_parallel and (parallel.pp > 1 or arch.vocab_size % parallel.tp or arch.tied_embeddings):
+        return "sequence_parallel with pp > 1, tied embeddings or a vocabulary tp does not divide"
     if arch.is_moe:
         return "mixture-of-experts models"
     if parallel.pp > 1 and arch.tied_embeddings:
