@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 from frenzy_opt.cluster import ClusterSpec
@@ -119,8 +119,14 @@ def pareto_options(per_count: dict[tuple[str, int], Option], max_options_per_typ
         front = by_type[gpu_type]
         if not front or option.duration_s < front[-1].duration_s:
             front.append(option)
+    return thin_fronts(by_type.values(), max_options_per_type)
+
+
+def thin_fronts(fronts: Iterable[list[Option]], max_options_per_type: int) -> tuple[Option, ...]:
+    """Each per-type front (ordered from the fewest GPUs to the fastest) cut to at most
+    ``max_options_per_type`` options spread evenly along it, both ends kept; all fronts concatenated."""
     options: list[Option] = []
-    for front in by_type.values():
+    for front in fronts:
         if len(front) > max_options_per_type:
             step = (len(front) - 1) / (max_options_per_type - 1)
             front = [front[round(i * step)] for i in range(max_options_per_type)]

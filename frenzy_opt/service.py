@@ -82,25 +82,10 @@ def background_server(config: ServiceConfig, host: str = "127.0.0.1", port: int 
 
 
 def _spec_json(job: Any) -> dict[str, Any]:
-    spec = job.spec
-    body: dict[str, Any] = {
-        "name": job.id,
-        "model": spec.model.name if spec.model.name != "inline" else spec.model.to_dict(),
-        "training": {
-            "seq_len": spec.training.seq_len,
-            "micro_batch_size": spec.training.micro_batch_size,
-            "global_batch_size": spec.training.global_batch_size,
-            "train_steps": spec.training.train_steps,
-            "precision": spec.training.precision,
-            "optimizer": spec.training.optimizer,
-            "runtime": spec.training.runtime,
-        },
-        "weight": job.weight,
-    }
-    if isinstance(body["model"], dict):
-        body["model"] = {k: v for k, v in body["model"].items() if v is not None and k != "name"}
-    if spec.pinned:
-        body["parallel"] = {k: getattr(spec.parallel, k) for k in sorted(spec.pinned)}
+    """The submission body of a scenario job: its contract-1 mapping (catalogue models by name), id, weight."""
+    body: dict[str, Any] = {**job.spec.to_mapping(), "name": job.id, "weight": job.weight}
+    if job.spec.model.name != "inline":
+        body["model"] = job.spec.model.name
     return body
 
 

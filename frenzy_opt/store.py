@@ -122,29 +122,8 @@ class JobRecord:
 
     @staticmethod
     def of(row: JobRow) -> JobRecord:
-        def load(text: str | None) -> dict[str, Any] | None:
-            return None if text is None else dict(json.loads(text))
-
-        return JobRecord(
-            id=row.id,
-            seq=row.seq,
-            tenant=row.tenant,
-            name=row.name,
-            idempotency_key=row.idempotency_key,
-            request_hash=row.request_hash,
-            spec=json.loads(row.spec_json),
-            state=row.state,
-            reason=row.reason,
-            attempts=row.attempts,
-            max_retries=row.max_retries,
-            weight=row.weight,
-            plan=load(row.plan_json),
-            placement=load(row.placement_json),
-            predicted=load(row.predicted_json),
-            measured=load(row.measured_json),
-            created_at=row.created_at,
-            updated_at=row.updated_at,
-        )
+        """The record of an ORM row (the same mapping as a Core row's, :func:`_record`)."""
+        return _record({column.name: getattr(row, column.name) for column in JobRow.__table__.columns})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

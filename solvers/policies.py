@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 
-from frenzy_opt.problem import Option, ProblemJob, SchedulingProblem
+from frenzy_opt.problem import Option, ProblemJob, SchedulingProblem, thin_fronts
 from frenzy_opt.simulator import Action, SimJob, SimulationError, Simulator, Start
 from frenzy_opt.solvers.cpsat import CpSatSolver
 from frenzy_opt.solvers.greedy import GreedyState
@@ -113,13 +113,7 @@ class FrenzyPolicy(_Base):
             per_type: dict[str, list[Option]] = {}
             for option in options:
                 per_type.setdefault(option.gpu_type, []).append(option)
-            picked: list[Option] = []
-            for front in per_type.values():
-                if len(front) > self.max_options_per_type:
-                    step = (len(front) - 1) / (self.max_options_per_type - 1)
-                    front = [front[round(i * step)] for i in range(self.max_options_per_type)]
-                picked += front
-            chosen = self._thinned[id(options)] = tuple(picked)
+            chosen = self._thinned[id(options)] = thin_fronts(per_type.values(), self.max_options_per_type)
         return chosen
 
     def _enqueue(self, job: SimJob, remaining: float) -> None:

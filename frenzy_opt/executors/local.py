@@ -56,6 +56,20 @@ def worker_supports(parallel: ParallelConfig, arch: ModelArch) -> str | None:
     return None
 
 
+def prepare_run(workdir: Path, launch: Launch, max_steps: int | None) -> tuple[Path, int]:
+    """The attempt's run folder ``workdir/<job>/`` with the worker's ``job.json`` and ``plan.json`` (a previous
+    attempt's report removed, its checkpoints kept), and the steps to train."""
+    job_dir = workdir / launch.job_id
+    job_dir.mkdir(parents=True, exist_ok=True)
+    (job_dir / "job.json").write_text(json.dumps(launch.spec.to_mapping()), encoding="utf-8")
+    plan = launch.option.plan
+    payload = {"parallel": plan.parallel.to_dict(), "micro_batch_size": plan.micro_batch_size}
+    (job_dir / "plan.json").write_text(json.dumps(payload), encoding="utf-8")
+    (job_dir / "report.jsonl").unlink(missing_ok=True)
+    steps = launch.spec.training.train_steps
+    return job_dir, steps if max_steps is None else min(max_steps, steps)
+
+
 @dataclass(slots=True)
 class _Attempt:
     launch: Launch
@@ -123,20 +137,9 @@ class LocalExecutor:
         return worker_supports(plan.parallel, arch) is None
 
     def launch(self, launch: Launch, on_exit: OnExit, on_report: OnReport | None = None) -> None:
-        job_dir = self.workdir / launch.job_id
-        job_dir.mkdir(parents=True, exist_ok=True)
-        (job_dir / "job.json").write_text(json.dumps(launch.spec.to_mapping()), encoding="utf-8")
-        plan = launch.option.plan
-        payload = {"parallel": plan.parallel.to_dict(), "micro_batch_size": plan.micro_batch_size}
-        (job_dir / "plan.json").write_text(json.dumps(payload), encoding="utf-8")
+        job_dir, steps = prepare_run(self.workdir, launch, self.max_steps)
         report = job_dir / "report.jsonl"
-        report.unlink(missing_ok=True)
         attempt = _Attempt(launch=launch, on_exit=on_exit, on_report=on_report)
-        steps = (
-            launch.spec.training.train_steps
-            if self.max_steps is None
-            else min(self.max_steps, launch.spec.training.train_steps)
-        )
         cuda = not self.cpu and _cuda_count() > 0
         nnodes = len(launch.nodes)
         port = _free_port()

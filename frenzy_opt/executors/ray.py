@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from frenzy_opt.executors import ExitInfo, Launch, OnExit, OnReport
-from frenzy_opt.executors.local import summarize, worker_supports
+from frenzy_opt.executors.local import prepare_run, summarize, worker_supports
 from frenzy_opt.models.arch import ModelArch
 from frenzy_opt.plans import Plan
 
@@ -113,16 +113,7 @@ class RayExecutor:
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        job_dir = self.workdir / launch.job_id
-        job_dir.mkdir(parents=True, exist_ok=True)
-        (job_dir / "job.json").write_text(json.dumps(launch.spec.to_mapping()), encoding="utf-8")
-        plan = launch.option.plan
-        payload = {"parallel": plan.parallel.to_dict(), "micro_batch_size": plan.micro_batch_size}
-        (job_dir / "plan.json").write_text(json.dumps(payload), encoding="utf-8")
-        (job_dir / "report.jsonl").unlink(missing_ok=True)
-        steps = launch.spec.training.train_steps
-        if self.max_steps is not None:
-            steps = min(steps, self.max_steps)
+        job_dir, steps = prepare_run(self.workdir, launch, self.max_steps)
         argv = ["--job", "job.json", "--plan", "plan.json", "--steps", str(steps), "--report", "report.jsonl"]
         argv += ["--checkpoint-dir", "checkpoints", "--checkpoint-every", str(self.checkpoint_every)]
         use_gpu = ray.cluster_resources().get("GPU", 0) > 0 and not self.cpu
