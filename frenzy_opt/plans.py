@@ -380,7 +380,9 @@ def _lower_bound(job: JobSpec, shape: _Shape, dp: int) -> float:
     in_flight = in_flight_layer_microbatches(chunks, 0, shape.pp, microbatches)
     loss = acts.loss + acts.loss_backward if shape.pp == 1 else 0
     # Flash attention keeps the least of the two kernels, so its activations bound any attention choice.
-    return terms.params * sum(layout.per_param(dp)) + in_flight * layers * acts.layer + loss
+    dense, expert = terms.params - terms.expert_params, terms.expert_params
+    states = dense * sum(layout.per_param(dp * shape.cp)) + expert * sum(layout.per_param(max(dp * shape.cp // ep, 1)))
+    return states + in_flight * layers * acts.layer + loss
 
 
 def _links(cluster: ClusterSpec, gpu: GpuType) -> tuple[Links, Links]:

@@ -21,6 +21,10 @@ PRECISIONS = ("bf16", "fp16", "fp32", "fp8")
 OPTIMIZERS = ("adamw", "adam", "sgd", "adafactor")
 RUNTIMES = ("megatron", "fsdp2", "deepspeed", "hf")
 RECOMPUTES = ("none", "selective", "full")
+ZERO_STAGES_BY_RUNTIME = {"megatron": (0, 1, 2, 3), "deepspeed": (0, 1, 2, 3), "fsdp2": (2, 3), "hf": (0,)}
+"""ZeRO stages each runtime implements: Megatron-core's distributed optimizer (1) and Megatron FSDP's
+``optim_grads`` (2) and ``optim_grads_params`` (3); DeepSpeed ZeRO 1-3; FSDP2 ``fully_shard`` with
+``reshard_after_forward`` False (2) or True (3); Hugging Face Trainer on DDP (0)."""
 ATTENTIONS = ("flash", "eager")
 
 
@@ -118,6 +122,52 @@ class JobSpec:
         return replace(self, parallel=parallel, training=training)
 
 
+def check_parallel(model: ModelArch, training: TrainingConfig, parallel: ParallelConfig) -> None:
+    """``ValueError`` naming the field for a parallel config the runtimes refuse (Megatron-LM's argument
+    checks, ``megatron/training/arguments.py``, and torchtitan's ``ParallelDims``): tp divides the attention
+    heads, the kv heads and the (expert) ffn width; ep divides the experts; cp splits the sequence into
+    ``2 cp`` equal chunks (load-balanced ring attention); pp x vpp <= layers; dp x micro-batch divides the
+    global batch; interleaving needs a micro-batch count divisible by pp; the ZeRO stage exists for the
+    runtime. The planner applies the same rules to the values it searches."""
+    tp, arch = parallel.tp, model
+    for what, size in (
+        ("num_attention_heads", arch.num_attention_heads),
+        ("num_kv_heads", arch.num_kv_heads),
+        ("moe_ffn_hidden_size" if arch.is_moe else "ffn_hidden_size", arch.expert_ffn_size),
+    ):
+        if size % tp:
+            raise ValueError(f"parallel.tp ({tp}) must divide model.{what} ({size})")
+    if parallel.ep > 1 and not arch.is_moe:
+        raise ValueError(f"parallel.ep ({parallel.ep}) needs a mixture-of-experts model (model.num_experts > 1)")
+    if parallel.ep > 1 and arch.num_experts % parallel.ep:
+        raise ValueError(f"parallel.ep ({parallel.ep}) must divide model.num_experts ({arch.num_experts})")
+    if parallel.cp > 1 and training.seq_len % (2 * parallel.cp):
+        raise ValueError(
+            f"parallel.cp ({parallel.cp}) must split training.seq_len ({training.seq_len}) into 2 x cp equal chunks"
+        )
+    if parallel.pp * parallel.vpp > arch.num_layers:
+        raise ValueError(
+            f"parallel.pp x parallel.vpp ({parallel.pp * parallel.vpp}) must be <= model.num_layers ({arch.num_layers})"
+        )
+    per_step = parallel.dp * training.micro_batch_size
+    if training.global_batch_size % per_step:
+        raise ValueError(
+            f"parallel.dp ({parallel.dp}) x training.micro_batch_size ({training.micro_batch_size}) must divide "
+            f"training.global_batch_size ({training.global_batch_size})"
+        )
+    if parallel.vpp > 1 and (training.global_batch_size // per_step) % parallel.pp:
+        raise ValueError(
+            f"parallel.vpp > 1 needs the micro-batch count per step ({training.global_batch_size // per_step}) "
+            f"to be a multiple of parallel.pp ({parallel.pp})"
+        )
+    allowed = ZERO_STAGES_BY_RUNTIME[training.runtime]
+    if parallel.zero_stage not in allowed:
+        raise ValueError(
+            f"parallel.zero_stage {parallel.zero_stage} is not available with training.runtime "
+            f"{training.runtime}; allowed: {', '.join(map(str, allowed))}"
+        )
+
+
 def default_zero_stage(runtime: str, dp: int) -> int:
     """The ZeRO stage a runtime uses unless told otherwise: FSDP2 fully shards (3); Megatron's
     distributed optimizer and DeepSpeed's stage 1 shard optimizer states when data parallel; HF DDP none."""
@@ -165,6 +215,7 @@ def parse_job(data: dict[str, Any]) -> JobSpec:
     dp = parallel_raw.get("dp", 1)
     defaults = {"zero_stage": default_zero_stage(training.runtime, dp if isinstance(dp, int) else 1)}
     parallel = ParallelConfig(**{**defaults, **parallel_raw})
+    check_parallel(model, training, parallel)
     name = str(data.get("name") or f"{model.name}-job")
     return JobSpec(name=name, model=model, training=training, parallel=parallel, pinned=frozenset(parallel_raw))
 

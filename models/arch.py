@@ -88,6 +88,10 @@ class ShardParamCounts:
     final_norm: int
     output: int
     output_if_untied: int
+    expert_per_layer: int = 0
+    """The part of ``per_layer`` in expert MLPs: replicated over dp / ep ranks only, so ZeRO/FSDP shards it
+    over the expert-data-parallel group (Megatron-core ``expert_data_parallel``; torchtitan's ``dp_shard_mod_ep``
+    mesh), not over all of dp."""
 
 
 def _norm_params(arch: ModelArch) -> int:
@@ -129,11 +133,12 @@ def shard_param_counts(arch: ModelArch, *, tp: int, ep: int) -> ShardParamCounts
     h = arch.hidden_size
     vocab_local = math.ceil(arch.vocab_size / tp)
     norm = _norm_params(arch)
+    experts = 0
     if arch.is_moe:
-        experts_local = arch.num_experts // ep
+        experts = arch.num_experts // ep * _mlp_params(arch, arch.expert_ffn_size, tp)
         # Router: one h x E linear, replicated on every rank (Fedus et al. 2021, Switch Transformer).
         router = h * arch.num_experts
-        mlp = experts_local * _mlp_params(arch, arch.expert_ffn_size, tp) + router
+        mlp = experts + router
     else:
         mlp = _mlp_params(arch, arch.ffn_hidden_size, tp)
     per_layer = _attention_params(arch, tp) + mlp + 2 * norm
@@ -147,6 +152,7 @@ def shard_param_counts(arch: ModelArch, *, tp: int, ep: int) -> ShardParamCounts
         final_norm=norm,
         output=0 if arch.tied_embeddings else output_untied,
         output_if_untied=output_untied,
+        expert_per_layer=experts,
     )
 
 

@@ -29,6 +29,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Any
 
+from frenzy_opt.marp.layout import fp8_saves_fp8_inputs
 from frenzy_opt.models.arch import ModelArch
 from frenzy_opt.spec import ParallelConfig, TrainingConfig
 
@@ -53,7 +54,8 @@ class Dims:
     a: int
     """Bytes of a 16-bit (or fp32) activation element."""
     a_linear: int
-    """Bytes of a saved linear input (1 under fp8: Transformer Engine keeps fp8 copies)."""
+    """Bytes of a saved linear input (1 under fp8 with Transformer Engine, which keeps fp8 copies; torchao
+    under fsdp2 keeps the 16-bit input: see :func:`frenzy_opt.marp.layout.fp8_saves_fp8_inputs`)."""
     sp: int
     """Divisor of the norm/residual region (tp with sequence parallelism, else 1)."""
 
@@ -74,7 +76,7 @@ def dims(arch: ModelArch, training: TrainingConfig, parallel: ParallelConfig) ->
         ffn=arch.ffn_hidden_size // tp,
         vocab=math.ceil(arch.vocab_size / tp),
         a=a,
-        a_linear=1 if training.precision == "fp8" else a,
+        a_linear=1 if training.precision == "fp8" and fp8_saves_fp8_inputs(training.runtime) else a,
         sp=tp if parallel.sequence_parallel else 1,
     )
 
@@ -243,7 +245,7 @@ def activation_terms(arch: ModelArch, training: TrainingConfig, parallel: Parall
     activations depend on (not dp, pp, vpp, ZeRO stage, batch totals or runtime), so a plan search computes
     each shape once."""
     p = parallel
-    key = (arch, training.seq_len, training.micro_batch_size, training.precision, p.tp, p.cp, p.ep)
+    key = (arch, training.seq_len, training.micro_batch_size, training.precision, training.runtime, p.tp, p.cp, p.ep)
     return _activation_terms((*key, p.sequence_parallel, p.recompute, p.attention))
 
 
@@ -259,14 +261,21 @@ def activation_terms_for(
     recompute: str,
 ) -> ActivationTerms:
     """:func:`activation_terms` from the fields alone (no :class:`ParallelConfig` to build)."""
-    key = (arch, training.seq_len, micro_batch_size, training.precision, tp, cp, ep, sp, recompute, "flash")
-    return _activation_terms(key)
+    key = (arch, training.seq_len, micro_batch_size, training.precision, training.runtime, tp, cp, ep, sp, recompute)
+    return _activation_terms((*key, "flash"))
 
 
 @functools.lru_cache(maxsize=65536)
 def _activation_terms(key: tuple[Any, ...]) -> ActivationTerms:
-    arch, seq_len, mb, precision, tp, cp, ep, sp, recompute, attention = key
-    training = replace(_CACHE_TRAINING, seq_len=seq_len, micro_batch_size=mb, global_batch_size=mb, precision=precision)
+    arch, seq_len, mb, precision, runtime, tp, cp, ep, sp, recompute, attention = key
+    training = replace(
+        _CACHE_TRAINING,
+        seq_len=seq_len,
+        micro_batch_size=mb,
+        global_batch_size=mb,
+        precision=precision,
+        runtime=runtime,
+    )
     parallel = replace(
         _CACHE_PARALLEL,
         tp=tp,

@@ -6,6 +6,10 @@ runtimes keep different copies (bytes per parameter):
 * megatron (Megatron-LM/Core, mixed precision): 16-bit weights, fp32 ``main_grad`` buffer, fp32 master
   weights and Adam states; the distributed optimizer (zero_stage 1) shards master weights and optimizer
   states over dp: ``6 + 12/dp`` bytes (Megatron-LM docs, "Distributed Optimizer" table; 18 without it).
+  Megatron-core's FSDP (``--use-megatron-fsdp`` with ``--data-parallel-sharding-strategy``; Megatron-core
+  docs, "Megatron FSDP") also shards the gradient buffer (``optim_grads``, zero_stage 2: ``2 + 16/dp``) and
+  the 16-bit weights (``optim_grads_params``, zero_stage 3: ``18/dp``), all-gathering one block's weights
+  and reduce-scattering one block's gradients at a time.
 * deepspeed (ZeRO, Rajbhandari et al. 2020, Sec. 3 and Fig. 1): 16-bit weights and gradients, fp32 master
   weights + Adam states (K = 12); stage 1 shards the K states, stage 2 also gradients, stage 3 also weights:
   ``2 + 2 + 12/dp``, ``2 + 14/dp``, ``16/dp``.
@@ -17,8 +21,15 @@ runtimes keep different copies (bytes per parameter):
   (16 bytes), plus the autocast cache of 16-bit weight copies during forward and backward, and DDP's gradient
   buckets (``4Φ`` for dp > 1; Li et al. 2020, PyTorch Distributed, Sec. 3.2.3).
 
-fp32 training keeps no master copy (weights are the master); fp8 keeps 16-bit weights as for bf16 plus
-an fp8 weight cache (Transformer Engine, ``Float8Tensor`` weight caching: 1 byte per parameter).
+fp32 training keeps no master copy (weights are the master). fp8 keeps the 16-bit weights and states of
+bf16 training; what it adds depends on the library doing the casts (:func:`fp8_weight_cache_bytes`):
+Transformer Engine (megatron, deepspeed) caches each weight's fp8 copy across the micro-batches of a step
+and, for the weight-gradient GEMM, its transposed ("columnwise") copy: 2 bytes per parameter (Transformer
+Engine docs, "Using FP8 with Transformer Engine": ``is_first_microbatch`` weight caching; Float8Tensor
+keeps ``_data`` and ``_transpose``), and saves fp8 linear inputs for backward; torchao's ``Float8Linear``
+(torchtitan, fsdp2) casts weights on the fly per GEMM and keeps no copy, and saves the high-precision
+input and weight for backward (torchao ``float8_linear.matmul_with_hp_or_float8_args``), so its saved
+activations stay 16-bit.
 """
 
 from __future__ import annotations
@@ -26,12 +37,10 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from frenzy_opt.spec import ParallelConfig, TrainingConfig
+from frenzy_opt.spec import ZERO_STAGES_BY_RUNTIME, ParallelConfig, TrainingConfig
 
 # Bytes per element of each number format (IEEE 754 binary32/binary16, bfloat16, OCP FP8 spec).
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
-
-ZERO_STAGES_BY_RUNTIME = {"megatron": (0, 1), "deepspeed": (0, 1, 2, 3), "fsdp2": (2, 3), "hf": (0,)}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -78,6 +87,18 @@ def optimizer_state_bytes(optimizer: str) -> float:
     return {"adamw": 8.0, "adam": 8.0, "sgd": 4.0, "adafactor": 0.0}[optimizer]
 
 
+def fp8_weight_cache_bytes(runtime: str) -> float:
+    """Bytes per parameter of fp8 weight copies kept through a step (see the module docstring): 2 under
+    Transformer Engine (fp8 data + its transpose), 0 under torchao (fsdp2: casts per GEMM)."""
+    return 0.0 if runtime == "fsdp2" else 2.0
+
+
+def fp8_saves_fp8_inputs(runtime: str) -> bool:
+    """Whether linear layers save their inputs in fp8 for backward (Transformer Engine) rather than in
+    16-bit (torchao's Float8Linear, fsdp2)."""
+    return runtime != "fsdp2"
+
+
 def validate_runtime_zero(training: TrainingConfig, parallel: ParallelConfig) -> None:
     allowed = ZERO_STAGES_BY_RUNTIME[training.runtime]
     if parallel.zero_stage not in allowed:
@@ -100,14 +121,16 @@ def state_layout_for(runtime: str, precision: str, optimizer: str, zero: int, da
     mixed = precision != "fp32"
     compute = 4 if not mixed else 2
     opt = optimizer_state_bytes(optimizer)
-    fp8_cache = 1.0 if precision == "fp8" else 0.0
+    fp8_cache = fp8_weight_cache_bytes(runtime) if precision == "fp8" else 0.0
     master = 4.0 if mixed else 0.0
     if runtime == "megatron":
+        # zero_stage 2/3 = Megatron FSDP: the fp32 main_grad buffer and (3) the 16-bit weights sharded too.
         return StateLayout(
             compute_bytes=compute, weight_bytes=compute, grad_bytes=4, master_bytes=master, optimizer_bytes=opt,
-            shard_weights=False, shard_grads=False, shard_optimizer=zero >= 1,
+            shard_weights=zero >= 3, shard_grads=zero >= 2, shard_optimizer=zero >= 1,
             weight_cache_bytes=fp8_cache, grad_buffer_bytes=0.0,
-            gathered_weight_bytes=0, gathered_grad_bytes=0, transient_grad_bytes=compute,
+            gathered_weight_bytes=compute if zero >= 3 else 0, gathered_grad_bytes=4 if zero >= 2 else 0,
+            transient_grad_bytes=compute,
         )  # fmt: skip
     if runtime == "deepspeed":
         return StateLayout(

@@ -110,6 +110,8 @@ class ParamTerms:
     params: int
     embedding_params: int
     layer_params: int
+    expert_params: int
+    """The part of ``params`` in expert MLPs (sharded over dp x cp / ep by ZeRO/FSDP, see ``StageModel``)."""
     largest_layer_param: int
     adafactor_state_bytes: int
     """fp32 bytes of Adafactor's factored second moments on this rank's blocks (Shazeer & Stern 2018,
@@ -132,6 +134,7 @@ def param_terms(arch: ModelArch, tp: int, ep: int, pp: int, num_layers: int, fir
         params=total,
         embedding_params=embedding,
         layer_params=counts.per_layer,
+        expert_params=num_layers * counts.expert_per_layer,
         largest_layer_param=max(math.prod(shape) for shape in shapes),
         adafactor_state_bytes=act.FP32 * num_layers * factored,
     )
@@ -166,6 +169,8 @@ class StageModel:
 
     stage: int
     pp: int
+    cp: int
+    ep: int
     chunk_layers: tuple[int, ...]
     has_embedding: bool
     params: ParamTerms
@@ -188,14 +193,22 @@ class StageModel:
         return dict(zip(STATE_COMPONENTS, self._state_values(dp), strict=True))
 
     def _state_values(self, dp: int) -> tuple[int, int, int, int, int]:
-        params = self.params.params
-        weights, grads, master, optimizer = self.layout.per_param(dp)
+        # ZeRO/FSDP shard over every rank that holds the same parameters: dp x cp for dense parameters
+        # (Megatron-core's distributed optimizer uses the data-parallel group with context parallelism;
+        # torchtitan shards over dp_shard x cp), dp x cp / ep for expert parameters (the expert-data-parallel
+        # group: each expert lives on dp / ep of the dp ranks).
+        expert = self.params.expert_params
+        dense = self.params.params - expert
+        w, g, m, o = self.layout.per_param(dp * self.cp)
+        values = [w * dense, g * dense, m * dense, o * dense]
+        if expert:
+            we, ge, me, oe = self.layout.per_param(max(dp * self.cp // self.ep, 1))
+            values = [v + e * expert for v, e in zip(values, (we, ge, me, oe), strict=True)]
         if self.adafactor:
-            opt_bytes = self.params.adafactor_state_bytes / (dp if self.layout.shard_optimizer else 1)
-        else:
-            opt_bytes = optimizer * params
-        cache = self.layout.weight_cache_bytes * params
-        return int(weights * params), int(grads * params), int(master * params), int(opt_bytes), int(cache)
+            shard = dp * self.cp if self.layout.shard_optimizer else 1
+            values[3] = self.params.adafactor_state_bytes / shard
+        cache = self.layout.weight_cache_bytes * self.params.params
+        return int(values[0]), int(values[1]), int(values[2]), int(values[3]), int(cache)
 
     def activations(self, dp: int) -> int:
         """Activations of every in-flight micro-batch at the stage's peak, bytes."""
@@ -258,6 +271,8 @@ def stage_model_of(arch: ModelArch, training: TrainingConfig, parallel: Parallel
     return StageModel(
         stage=stage,
         pp=parallel.pp,
+        cp=parallel.cp,
+        ep=parallel.ep,
         chunk_layers=chunk_layers,
         has_embedding=first,
         params=params,

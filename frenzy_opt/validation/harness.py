@@ -118,7 +118,12 @@ def megatron_optimizer(model: nn.Module, job: JobSpec) -> tuple[torch.optim.Opti
             # fp32 weights are their own master copy: Adam reads the fp32 main grads directly.
             param.grad = param.main_grad  # type: ignore[attr-defined]
         return optimizer, [main_grad]
-    shard = math.ceil(total / (job.parallel.dp if job.parallel.zero_stage >= 1 else 1))
+    # The distributed optimizer shards dense parameters over dp x cp and expert parameters over their
+    # expert-data-parallel group, dp x cp / ep (Megatron-core ``parallel_state`` expert groups).
+    p = job.parallel
+    expert = sum(param.numel() for name, param in model.named_parameters() if ".experts." in name)
+    dense_ranks, expert_ranks = (p.dp * p.cp, max(p.dp * p.cp // p.ep, 1)) if p.zero_stage >= 1 else (1, 1)
+    shard = math.ceil((total - expert) / dense_ranks) + math.ceil(expert / expert_ranks)
     master = nn.Parameter(torch.zeros(shard, dtype=torch.float32))
     master.grad = main_grad[:shard]
     return torch.optim.AdamW([master], fused=True), [main_grad, master]
