@@ -49,6 +49,8 @@ class ArchitectureIn(_Strict):
     linear_bias: bool = False
     position_embedding: Literal["rope", "learned"] = "rope"
     max_position_embeddings: int = Field(default=4096, ge=1, le=16_777_216)
+    hidden_dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
+    attention_dropout: float = Field(default=0.0, ge=0.0, lt=1.0)
 
 
 class TrainingIn(_Strict):

@@ -29,7 +29,7 @@ from typing import Any
 from frenzy_opt.cluster import ClusterSpec
 from frenzy_opt.gpus import GpuType
 from frenzy_opt.marp.activations import activation_terms_for
-from frenzy_opt.marp.layout import ZERO_STAGES_BY_RUNTIME, state_layout_for
+from frenzy_opt.marp.layout import state_layout_for
 from frenzy_opt.marp.predictor import (
     DEFAULT_CUDA,
     CudaTerms,
@@ -41,7 +41,7 @@ from frenzy_opt.marp.predictor import (
 )
 from frenzy_opt.marp.stages import chunk_layer_counts, in_flight_layer_microbatches
 from frenzy_opt.models.arch import ModelArch
-from frenzy_opt.spec import JobSpec, ParallelConfig, TrainingConfig
+from frenzy_opt.spec import ZERO_STAGES_BY_RUNTIME, JobSpec, ParallelConfig, TrainingConfig
 from frenzy_opt.steptime import Links, StepTimeModel, step_terms_of
 
 MICRO_BATCH_CHOICES = (1, 2, 4, 8, 16)

@@ -40,6 +40,11 @@ class ModelArch:
     linear_bias: bool = False
     position_embedding: str = "rope"
     max_position_embeddings: int = 4096
+    hidden_dropout: float = 0.0
+    """Dropout on each block's attention and MLP outputs (and the embedding); a kept mask per element."""
+    attention_dropout: float = 0.0
+    """Dropout on the attention probabilities (eager attention keeps its mask; flash attention regenerates
+    it from the RNG state, Dao et al. 2022, Sec. 3.1)."""
 
     def __post_init__(self) -> None:
         validate_arch(self)
@@ -180,6 +185,10 @@ def validate_arch(arch: ModelArch) -> None:
             f"model.hidden_size ({arch.hidden_size}) must be a multiple of num_attention_heads "
             f"({arch.num_attention_heads}) unless model.head_dim is given"
         )
+    for name in ("hidden_dropout", "attention_dropout"):
+        value = getattr(arch, name)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value < 1.0:
+            raise ValueError(f"model.{name} must be a number in [0, 1), got {value!r}")
     if arch.moe_top_k > arch.num_experts:
         raise ValueError(f"model.moe_top_k ({arch.moe_top_k}) must be <= num_experts ({arch.num_experts})")
     if arch.moe_ffn_hidden_size is not None and arch.moe_ffn_hidden_size < 1:

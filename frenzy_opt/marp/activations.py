@@ -58,6 +58,10 @@ class Dims:
     under fsdp2 keeps the 16-bit input: see :func:`frenzy_opt.marp.layout.fp8_saves_fp8_inputs`)."""
     sp: int
     """Divisor of the norm/residual region (tp with sequence parallelism, else 1)."""
+    runtime: str
+    fused_swiglu: bool
+    """Megatron-core fuses SwiGLU (saves gate and up only); PyTorch-native models (torchtitan, HF) keep
+    gate, SiLU, up and product."""
 
 
 def dims(arch: ModelArch, training: TrainingConfig, parallel: ParallelConfig) -> Dims:
@@ -78,6 +82,8 @@ def dims(arch: ModelArch, training: TrainingConfig, parallel: ParallelConfig) ->
         a=a,
         a_linear=1 if training.precision == "fp8" and fp8_saves_fp8_inputs(training.runtime) else a,
         sp=tp if parallel.sequence_parallel else 1,
+        runtime=training.runtime,
+        fused_swiglu=training.runtime == "megatron",
     )
 
 
@@ -88,6 +94,10 @@ def _norm_bytes(arch: ModelArch, x: Dims) -> int:
 
 
 def _mlp_bytes(arch: ModelArch, x: Dims, tokens: int, ffn: int) -> int:
+    if arch.mlp == "swiglu" and x.fused_swiglu:
+        # Megatron-core's fused SwiGLU (``fused_bias_swiglu.SwiGLUFunction``) saves only its input, the
+        # concatenated gate and up projections, and recomputes SiLU in backward; the product feeds fc2.
+        return 2 * x.a * tokens * ffn + x.a_linear * tokens * ffn
     if arch.mlp == "swiglu":
         # gate, silu(gate), up (16-bit each) and the product that feeds the down projection.
         return 3 * x.a * tokens * ffn + x.a_linear * tokens * ffn
@@ -95,8 +105,20 @@ def _mlp_bytes(arch: ModelArch, x: Dims, tokens: int, ffn: int) -> int:
     return x.a * tokens * ffn + x.a_linear * tokens * ffn
 
 
-def _attention_core_bytes(x: Dims, attention: str, recompute: str) -> int:
-    """What the attention core keeps beyond q, k, v and its output."""
+MASK = 1
+"""Bytes per element of a kept dropout mask (``torch.bool``: PyTorch's native dropout and Megatron-core's
+fused bias-dropout-add save a boolean mask for backward)."""
+
+
+def _attention_core_bytes(arch: ModelArch, x: Dims, attention: str, recompute: str) -> int:
+    """What the attention core keeps beyond q, k, v and its output.
+
+    Eager attention keeps the softmax output (used by the softmax backward), in fp32 when the softmax runs
+    in fp32 (fp32 training; Hugging Face models under ``torch.autocast``, which runs softmax in fp32) and in
+    16-bit under Megatron-core's fused scale-mask-softmax; the matmul with V keeps its own input: the
+    dropout output (with its mask) under attention dropout, else a 16-bit cast of an fp32 softmax output
+    (nothing when the softmax output already has the matmul's format). With grouped-query attention the
+    k/v heads are expanded to the query heads and kept by the matmuls."""
     if recompute == "selective":
         return 0
     if attention == "flash":
@@ -104,8 +126,17 @@ def _attention_core_bytes(x: Dims, attention: str, recompute: str) -> int:
         return FP32 * x.b * x.heads * x.s
     probs = x.b * x.heads * x.s * x.s
     expanded_kv = 2 * x.a * x.tokens * (x.hq - x.hkv)
-    # fp32 softmax output + its 16-bit copy for P @ V, the s x s boolean causal mask, expanded k/v heads.
-    return (FP32 + x.a) * probs + x.s * x.s + expanded_kv
+    softmax = FP32 if x.a == FP32 or x.runtime == "hf" else x.a
+    if arch.attention_dropout > 0:
+        matmul_input = MASK + x.a
+    else:
+        matmul_input = 0 if softmax == x.a else x.a
+    return (softmax + matmul_input) * probs + expanded_kv
+
+
+def _hidden_dropout_bytes(arch: ModelArch, x: Dims) -> int:
+    """Masks of the block's two hidden dropouts (after attention and after the MLP)."""
+    return 2 * MASK * x.tokens * x.h // x.sp if arch.hidden_dropout > 0 else 0
 
 
 def _moe_bytes(arch: ModelArch, x: Dims, parallel: ParallelConfig) -> int:
@@ -139,6 +170,8 @@ def layer_bytes(arch: ModelArch, training: TrainingConfig, parallel: ParallelCon
     x = dims(arch, training, parallel)
     if parallel.recompute == "full":
         return x.a * x.tokens * x.h // x.sp
+    if parallel.recompute == "selective" and x.runtime == "fsdp2":
+        return op_sac_bytes(arch, x)
     qkv = x.a * x.tokens * (x.hq + 2 * x.hkv)
     out = x.a_linear * x.tokens * x.hq  # attention output, the input of the output projection
     attention = (
@@ -146,14 +179,27 @@ def layer_bytes(arch: ModelArch, training: TrainingConfig, parallel: ParallelCon
         + x.a_linear * x.tokens * x.h // x.sp
         + qkv
         + out
-        + _attention_core_bytes(x, parallel.attention, parallel.recompute)
+        + _attention_core_bytes(arch, x, parallel.attention, parallel.recompute)
     )
-    return attention + _norm_bytes(arch, x) + mlp_part_bytes(arch, training, parallel)
+    return attention + _norm_bytes(arch, x) + mlp_part_bytes(arch, training, parallel) + _hidden_dropout_bytes(arch, x)
+
+
+def op_sac_bytes(arch: ModelArch, x: Dims) -> int:
+    """torchtitan's selective activation checkpointing (``activation_checkpoint.mode = "selective"``,
+    ``selective_ac_option = "op"``, the default of its Llama configs): inside each checkpointed block only
+    the outputs of the ops in its save list are kept -- every second matmul (the policy counts ``aten.mm``
+    calls and recomputes the even ones: wk, wo, w3 of a Llama block), the SDPA output and its log-sum-exp --
+    plus the block's input (torchtitan ``apply_ac``, ``_save_list`` and ``_get_custom_policy``)."""
+    kept_mm = x.hq + x.hkv + x.ffn + x.h  # wq, wv, w1, w2 outputs
+    sdpa = x.a * x.tokens * x.hq + FP32 * x.b * x.heads * x.s
+    return x.a * x.tokens * (x.h // x.sp + kept_mm) + sdpa
 
 
 def recompute_bytes(arch: ModelArch, training: TrainingConfig, parallel: ParallelConfig) -> int:
-    """Extra activations alive while one block is recomputed during backward (full recompute only)."""
-    if parallel.recompute != "full":
+    """Extra activations alive while one block is recomputed during backward (full recompute, and
+    torchtitan's op-level selective recompute, which re-runs the block's unsaved ops)."""
+    selective_sac = parallel.recompute == "selective" and training.runtime == "fsdp2"
+    if parallel.recompute != "full" and not selective_sac:
         return 0
     full = ParallelConfig(**{**parallel.to_dict(), "recompute": "none"})
     return layer_bytes(arch, training, full)
@@ -163,7 +209,8 @@ def embedding_bytes(arch: ModelArch, training: TrainingConfig, parallel: Paralle
     """Token ids kept by the embedding backward (and position ids for learned positions)."""
     x = dims(arch, training, parallel)
     positions = INDEX_BYTES * x.s if arch.position_embedding == "learned" else 0
-    return INDEX_BYTES * x.tokens + positions
+    dropout = MASK * x.tokens * x.h // x.sp if arch.hidden_dropout > 0 else 0
+    return INDEX_BYTES * x.tokens + positions + dropout
 
 
 def loss_bytes(arch: ModelArch, training: TrainingConfig, parallel: ParallelConfig) -> int:
@@ -172,10 +219,19 @@ def loss_bytes(arch: ModelArch, training: TrainingConfig, parallel: ParallelConf
     return _norm_bytes(arch, x) + x.a_linear * x.tokens * x.h + FP32 * x.tokens * x.vocab + INDEX_BYTES * x.tokens
 
 
+def fused_cross_entropy(runtime: str) -> bool:
+    """Megatron-core's vocab-parallel cross entropy (``_VocabParallelCrossEntropy``) works in place on the
+    fp32 logits and saves their softmax; its backward turns that softmax into the gradient in place."""
+    return runtime == "megatron"
+
+
 def loss_backward_transient_bytes(arch: ModelArch, training: TrainingConfig, parallel: ParallelConfig) -> int:
     """Backward of the loss: the fp32 gradient of the log-probabilities and of the logits exist together
     with the kept log-probabilities (``nll_loss`` then ``log_softmax`` backward), ``8 * tokens * vocab``."""
     x = dims(arch, training, parallel)
+    if fused_cross_entropy(training.runtime):
+        # The in-place fp32 gradient, then its 16-bit cast for the output layer's backward.
+        return x.a * x.tokens * x.vocab
     return 2 * FP32 * x.tokens * x.vocab
 
 

@@ -301,6 +301,13 @@ def comm_buffer_bytes(
     deepspeed_zero2 = training.runtime == "deepspeed" and zero == 2
     if deepspeed_zero2:
         buffers += layout.compute_bytes * min(params, 500_000_000)
+    if training.runtime == "fsdp2" and parallel.pp > 1:
+        # FSDP2 under torch.distributed.pipelining: the stage turns off resharding after backward and
+        # gradient sync until the step's last micro-batch (``_PipelineStage`` calls
+        # ``set_reshard_after_backward(False)`` and ``set_requires_gradient_sync(False)``), so the stage's
+        # 16-bit weights stay gathered and its unsharded gradients accumulate in the fp32 reduce dtype
+        # (FSDP2 ``FSDPParam.to_accumulated_grad_if_needed``) over the whole step.
+        return buffers + (layout.gathered_weight_bytes + layout.gathered_grad_bytes) * params
     if layout.gathered_weight_bytes:
         gathered = 2 * layer_params if zero >= 3 else params
         buffers += layout.gathered_weight_bytes * gathered

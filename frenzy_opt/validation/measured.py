@@ -1,0 +1,541 @@
+"""MARP against measured runs: read a file in the calibration format, predict each row on the metric it
+measured, score, fit the CUDA-only terms and the OOM-safety bounds, and cross-validate leaving one source out.
+
+The file format is ``../shared/calibration/memory-measured.csv``'s (one measured run a row; its README
+describes the columns). A user's own measurements in the same columns score the same way. Each row names
+what was measured, and a row is compared like with like:
+
+* ``max_allocated`` (``torch.cuda.max_memory_allocated``, also ``active_bytes.all.peak``) with MARP's
+  ``peak_allocated_bytes``;
+* ``max_reserved`` (``torch.cuda.max_memory_reserved``) with ``peak_reserved_bytes``;
+* ``device_used`` (nvidia-smi / pynvml) with ``device_used_bytes``.
+
+``rank_measured`` says which rank: "last rank" (Megatron CI logs the last pipeline stage) is compared with
+the last stage, anything else with the maximum over stages.
+
+**Accuracy** of a row = ``1 - |predicted - measured| / measured``. **Fitted parameters**
+(:class:`MemoryFit`): the allocator's reserve over allocated (``fragmentation``), the memory nvidia-smi
+shows beyond the allocator per GPU architecture (``context_bytes``), and, per metric, the largest
+measured/predicted ratio seen (``upper_ratio``), which makes the upper bound ``predicted x upper_ratio``.
+``fit`` fits them on some rows; ``cross_validate`` refits without each source in turn and scores that
+source's rows with the parameters fitted on the others (leave one source out), so every figure it reports
+is out of sample.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import re
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from frenzy_opt.marp.predictor import CudaTerms, MemoryPrediction, predict_memory
+from frenzy_opt.models.arch import ModelArch
+from frenzy_opt.spec import JobSpec, ParallelConfig, TrainingConfig, check_parallel, default_zero_stage
+
+GIB = 2**30
+METRICS = ("max_allocated", "max_reserved", "device_used")
+FIT_PATH = Path(__file__).resolve().parent.parent / "data" / "memory-fit.json"
+REQUIRED_COLUMNS = (
+    "row_id", "source", "framework", "gpu", "num_layers", "hidden", "ffn_hidden", "num_heads", "num_kv_heads",
+    "vocab", "seq_len", "micro_batch", "global_batch", "dp", "tp", "pp", "precision", "optimizer",
+    "optimizer_sharding", "recompute", "measured_gib", "metric",
+)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MeasuredRun:
+    """One row: the job as the run configured it, what was measured, and on which rank."""
+
+    row_id: str
+    source: str
+    framework: str
+    gpu: str
+    gpu_family: str
+    metric: str
+    measured_bytes: int | None
+    last_rank: bool
+    job: JobSpec | None
+    skip_reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryFit:
+    """The parameters ``calibrate`` fits (see the module docstring); defaults are the public figures of
+    :class:`frenzy_opt.marp.predictor.CudaTerms` and no upper margin."""
+
+    fragmentation: float = CudaTerms().fragmentation
+    context_bytes: dict[str, int] = field(default_factory=dict)
+    """Memory beyond the allocator's segments on nvidia-smi, per GPU architecture family."""
+    default_context_bytes: int = CudaTerms().context_bytes
+    upper_ratio: dict[str, float] = field(default_factory=lambda: dict.fromkeys(METRICS, 1.0))
+    """Per metric, the largest measured / predicted ratio on the fitted rows."""
+    rows: int = 0
+
+    def cuda_terms(self, family: str) -> CudaTerms:
+        context = self.context_bytes.get(family, self.default_context_bytes)
+        # The fitted context term holds everything nvidia-smi adds (context, workspaces, NCCL buffers).
+        return CudaTerms(
+            fragmentation=self.fragmentation, context_bytes=context, cublas_workspace_bytes=0, nccl_buffer_bytes=0
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> MemoryFit:
+        return cls(
+            fragmentation=float(data["fragmentation"]),
+            context_bytes={k: int(v) for k, v in data["context_bytes"].items()},
+            default_context_bytes=int(data["default_context_bytes"]),
+            upper_ratio={k: float(v) for k, v in data["upper_ratio"].items()},
+            rows=int(data.get("rows", 0)),
+        )
+
+
+def load_fit(path: Path = FIT_PATH) -> MemoryFit:
+    """The shipped fit (``frenzy calibrate ../shared/calibration/memory-measured.csv --name memory``
+    rewrites it); the public defaults when no fit is shipped."""
+    if not path.exists():
+        return MemoryFit()
+    return MemoryFit.from_dict(json.loads(path.read_text(encoding="utf-8")))
+
+
+# --- reading the file ---------------------------------------------------------------------------------
+
+
+def _first_int(text: str, column: str, row_id: str) -> int:
+    match = re.search(r"\d+", text.replace(",", ""))
+    if match is None:
+        raise ValueError(f"row {row_id}: column {column} must start with an integer, got {text!r}")
+    return int(match.group())
+
+
+def _vocab(text: str, row_id: str) -> int:
+    padded = re.search(r"padded\s+(\d+)", text)
+    if padded:
+        return int(padded.group(1))
+    numbers = [int(n) for n in re.findall(r"\d+", text) if int(n) > 1000]
+    if not numbers:
+        raise ValueError(f"row {row_id}: column vocab must hold the vocabulary size, got {text!r}")
+    return numbers[0]
+
+
+def gpu_family(gpu: str) -> str:
+    """The GPU architecture a row ran on (its CUDA context and library workspaces differ by architecture)."""
+    name = gpu.upper()
+    for key, family in (("GB200", "blackwell"), ("B200", "blackwell"), ("H", "hopper"), ("A100", "ampere"),
+                        ("A10", "ampere"), ("V100", "volta"), ("T4", "turing"), ("L4", "ada")):  # fmt: skip
+        if name.startswith(key) or f" {key}" in name:
+            return family
+    return "other"
+
+
+def metric_of(text: str) -> str:
+    low = text.lower()
+    if "max_allocated" in low or "allocated_bytes" in low or "active" in low:
+        return "max_allocated"
+    if "reserved" in low:
+        return "max_reserved"
+    if "nvidia-smi" in low or "pynvml" in low or "used" in low:
+        return "device_used"
+    raise ValueError(f"metric must name max_allocated, max_reserved or nvidia-smi/pynvml used, got {text!r}")
+
+
+def runtime_of(framework: str) -> str:
+    low = framework.lower()
+    if "megatron" in low or "flagscale" in low:
+        return "megatron"
+    if "torchtitan" in low or "fsdp" in low:
+        return "fsdp2"
+    if "deepspeed" in low:
+        return "deepspeed"
+    return "hf"
+
+
+def _precision(text: str) -> str:
+    low = text.lower()
+    if "fp8" in low or "float8" in low:
+        return "fp8"
+    if low.startswith("fp32"):
+        return "fp32"
+    if "fp16" in low:
+        return "fp16"
+    return "bf16"
+
+
+def _skip_reason(row: dict[str, str]) -> str | None:
+    notes, precision = row.get("notes", "").lower(), row["precision"].lower()
+    if not row["measured_gib"].strip():
+        return "no measurement (the run went out of memory or logged nothing comparable)"
+    if "mla" in notes or "mtp" in notes:
+        return "multi-latent attention and multi-token prediction are not modelled"
+    if "pure bf16" in precision:
+        return "pure bf16 training (bf16 optimizer states, no fp32 master) is not a modelled precision"
+    return None
+
+
+def parse_row(row: dict[str, str]) -> MeasuredRun:
+    """A :class:`MeasuredRun` from one CSV row (``ValueError`` naming the row and column when malformed)."""
+    rid = row["row_id"]
+    metric = metric_of(row["metric"])
+    measured = row["measured_gib"].strip()
+    measured_bytes = round(float(measured) * GIB) if measured else None
+    skip = _skip_reason(row)
+    job = None
+    if skip is None:
+        job = _job_of(row)
+    return MeasuredRun(
+        row_id=rid,
+        source=row["source"],
+        framework=row["framework"],
+        gpu=row["gpu"],
+        gpu_family=gpu_family(row["gpu"]),
+        metric=metric,
+        measured_bytes=measured_bytes,
+        last_rank="last" in row.get("rank_measured", "").lower(),
+        job=job,
+        skip_reason=skip,
+    )
+
+
+def _dropout(notes: str, key: str) -> float:
+    """A dropout rate from the notes: ``hidden-dropout 0.1`` (Megatron flags) or a plain ``dropout 0.1``
+    (both dropouts, as Hugging Face configs set them)."""
+    match = re.search(rf"{key}\s+([0-9.]+)", notes) or re.search(r"(?<![-\w])dropout\s+([0-9.]+)", notes)
+    return float(match.group(1)) if match else 0.0
+
+
+def _job_of(row: dict[str, str]) -> JobSpec:
+    rid = row["row_id"]
+
+    def num(column: str, default: int = 1) -> int:
+        text = row.get(column, "").strip()
+        return _first_int(text, column, rid) if text else default
+
+    notes = row.get("notes", "").lower()
+    ffn_text = row["ffn_hidden"]
+    experts = num("num_experts")
+    ffn = _first_int(ffn_text, "ffn_hidden", rid)
+    expert_ffn = None
+    if "expert" in ffn_text:
+        expert_ffn = int(re.findall(r"\d+", ffn_text)[-1])
+    runtime = runtime_of(row["framework"])
+    seq_len = num("seq_len")
+    tied = row.get("tied_embeddings", "").strip().lower().startswith(("yes", "n/a"))
+    learned = "learned_absolute" in notes or "bert" in row.get("model", "").lower()
+    layernorm = "norm layernorm" in notes or "bert" in row.get("model", "").lower()
+    bias = "bias-linear on" in notes or "bert" in row.get("model", "").lower()
+    arch = ModelArch(
+        name=row.get("model", "row") or "row",
+        num_layers=num("num_layers"),
+        hidden_size=num("hidden"),
+        ffn_hidden_size=ffn,
+        num_attention_heads=num("num_heads"),
+        num_kv_heads=num("num_kv_heads"),
+        vocab_size=_vocab(row["vocab"], rid),
+        mlp="swiglu" if "swiglu" in row["mlp_type"].lower() else "gelu",
+        norm="layernorm" if layernorm else "rmsnorm",
+        tied_embeddings=tied,
+        num_experts=experts,
+        moe_top_k=num("moe_topk"),
+        moe_ffn_hidden_size=expert_ffn,
+        linear_bias=bias,
+        position_embedding="learned" if learned else "rope",
+        max_position_embeddings=max(seq_len, 512),
+        hidden_dropout=_dropout(notes, "hidden-dropout"),
+        attention_dropout=_dropout(notes, "attention-dropout"),
+    )
+    dp, tp, pp, cp, ep = num("dp"), num("tp"), num("pp"), num("cp"), num("ep")
+    vpp = num("vpp") if "interleaved" in row.get("pp_schedule", "").lower() else 1
+    optimizer = "adafactor" if "adafactor" in row["optimizer"].lower() else "adamw"
+    sharding = row["optimizer_sharding"].lower()
+    if runtime == "fsdp2":
+        zero = 3
+    elif "distributed optimizer" in sharding and "dp=1" not in sharding:
+        zero = 1 if dp > 1 else 0
+    else:
+        zero = default_zero_stage(runtime, dp) if runtime == "deepspeed" else 0
+    recompute = row["recompute"].split()[0].lower() if row["recompute"].strip() else "none"
+    attention = row.get("attention_impl", "").lower()
+    eager = any(word in attention for word in ("unfused", "eager", "local"))
+    micro = num("micro_batch")
+    training = TrainingConfig(
+        seq_len=seq_len,
+        micro_batch_size=micro,
+        global_batch_size=max(num("global_batch"), micro * dp),
+        train_steps=1,
+        precision=_precision(row["precision"]),
+        optimizer=optimizer,
+        runtime=runtime,
+    )
+    parallel = ParallelConfig(
+        dp=dp,
+        tp=tp,
+        pp=pp,
+        vpp=vpp,
+        cp=cp,
+        ep=ep,
+        sequence_parallel=tp > 1 and row.get("sequence_parallel", "").strip().lower().startswith("yes"),
+        zero_stage=zero,
+        recompute=recompute if recompute in ("none", "selective", "full") else "none",
+        attention="eager" if eager else "flash",
+    )
+    try:
+        check_parallel(arch, training, parallel)
+    except ValueError as err:
+        raise ValueError(f"row {rid}: {err}") from None
+    return JobSpec(name=f"row-{rid}", model=arch, training=training, parallel=parallel)
+
+
+def read_measurements(path: str | Path) -> list[MeasuredRun]:
+    """Every row of a calibration-format CSV file, parsed (rows MARP cannot model carry ``skip_reason``)."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise ValueError(f"cannot read {path}: {err.strerror}") from None
+    reader = csv.DictReader(text.splitlines())
+    missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
+    if missing:
+        raise ValueError(f"{path}: missing column(s) {', '.join(missing)}; required: {', '.join(REQUIRED_COLUMNS)}")
+    return [parse_row(row) for row in reader]
+
+
+# --- predicting and scoring ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RowScore:
+    row_id: str
+    source: str
+    metric: str
+    measured_bytes: int
+    predicted_bytes: int
+    upper_bytes: int
+    predicted_allocated_bytes: int
+    predicted_reserved_bytes: int
+    predicted_used_bytes: int
+
+    @property
+    def accuracy(self) -> float:
+        return 1 - abs(self.predicted_bytes - self.measured_bytes) / self.measured_bytes
+
+    @property
+    def signed_error(self) -> float:
+        return self.predicted_bytes / self.measured_bytes - 1
+
+    @property
+    def upper_margin(self) -> float:
+        """How far the upper bound is above the measurement (negative: the bound is under it)."""
+        return self.upper_bytes / self.measured_bytes - 1
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.row_id,
+            "source": self.source,
+            "metric": self.metric,
+            "measured": self.measured_bytes,
+            "predicted": self.predicted_bytes,
+            "upper": self.upper_bytes,
+            "accuracy": round(self.accuracy, 4),
+            "signed_error": round(self.signed_error, 4),
+            "upper_margin": round(self.upper_margin, 4),
+            "predicted_allocated_bytes": self.predicted_allocated_bytes,
+            "predicted_reserved_bytes": self.predicted_reserved_bytes,
+            "predicted_used_bytes": self.predicted_used_bytes,
+        }
+
+
+def _prediction(run: MeasuredRun, fit: MemoryFit) -> MemoryPrediction:
+    assert run.job is not None
+    return predict_memory(run.job, None, cuda=fit.cuda_terms(run.gpu_family))
+
+
+def _values(run: MeasuredRun, prediction: MemoryPrediction) -> tuple[int, int, int]:
+    stages = [prediction.stages[-1]] if run.last_rank else list(prediction.stages)
+    return (
+        max(s.peak_allocated_bytes for s in stages),
+        max(s.peak_reserved_bytes for s in stages),
+        max(s.device_used_bytes for s in stages),
+    )
+
+
+def score_run(run: MeasuredRun, fit: MemoryFit) -> RowScore:
+    assert run.measured_bytes is not None
+    allocated, reserved, used = _values(run, _prediction(run, fit))
+    predicted = {"max_allocated": allocated, "max_reserved": reserved, "device_used": used}[run.metric]
+    return RowScore(
+        row_id=run.row_id,
+        source=run.source,
+        metric=run.metric,
+        measured_bytes=run.measured_bytes,
+        predicted_bytes=predicted,
+        upper_bytes=math.ceil(predicted * fit.upper_ratio.get(run.metric, 1.0)),
+        predicted_allocated_bytes=allocated,
+        predicted_reserved_bytes=reserved,
+        predicted_used_bytes=used,
+    )
+
+
+def usable(runs: Iterable[MeasuredRun]) -> list[MeasuredRun]:
+    return [r for r in runs if r.skip_reason is None and r.job is not None and r.measured_bytes]
+
+
+# --- fitting ------------------------------------------------------------------------------------------
+
+UPPER_SLACK = 0.01
+"""Added to the largest fitted ratio: the rows are few, so the largest seen is an optimistic estimate of the
+largest to come (for n rows, the next one exceeds all of them with probability 1 / (n + 1))."""
+FRAGMENTATION_GRID = tuple(i / 200 for i in range(0, 101))
+"""Reserved / allocated - 1 searched from 0 to 0.5: GMLake (Guo et al., ASPLOS 2024, Fig. 2) measures 5-30 %
+fragmentation in LLM training."""
+CONTEXT_GRID = tuple(i * 64 * 2**20 for i in range(0, 25))
+"""nvidia-smi's memory beyond the allocator, searched from 0 to 1.5 GiB: the CUDA context with PyTorch's
+kernels (the calibration file's Hugging Face rows measure 1,343 MiB on a V100), cuBLAS workspaces (PyTorch
+docs, "Reproducibility": 8 x 4 MiB by default) and NCCL's buffers (NCCL docs, ``NCCL_BUFFSIZE`` 4 MiB per
+channel and peer)."""
+
+
+def fit(runs: Sequence[MeasuredRun], base: MemoryFit | None = None) -> MemoryFit:
+    """Fit :class:`MemoryFit` on ``runs`` (their usable rows).
+
+    One fragmentation and one nvidia-smi excess for every runtime and GPU, chosen on a grid to minimise the
+    mean absolute relative error of the ``max_reserved`` and ``device_used`` rows together (two parameters
+    for all rows: few enough that a held-out source is predicted by what the others taught). Then, with
+    them, one upper ratio for every metric: the largest measured / predicted ratio of any row plus
+    :data:`UPPER_SLACK` (the allocated-memory error dominates every metric, so the metrics share it)."""
+    base = base or MemoryFit()
+    rows = usable(runs)
+    allocated = {r.row_id: score_run(r, replace(base, fragmentation=0.0, default_context_bytes=0, context_bytes={}))
+                 for r in rows}  # fmt: skip
+    cuda_rows = [r for r in rows if r.metric in ("max_reserved", "device_used")]
+    fragmentation, context = base.fragmentation, base.default_context_bytes
+    if cuda_rows:
+        best = math.inf
+        for f in FRAGMENTATION_GRID:
+            for c in CONTEXT_GRID if any(r.metric == "device_used" for r in cuda_rows) else (context,):
+                error = 0.0
+                for r in cuda_rows:
+                    assert r.measured_bytes is not None
+                    predicted = allocated[r.row_id].predicted_allocated_bytes * (1 + f)
+                    if r.metric == "device_used":
+                        predicted += c
+                    error += abs(predicted / r.measured_bytes - 1)
+                if error < best - 1e-12:
+                    best, fragmentation, context = error, f, c
+    fitted = replace(base, fragmentation=fragmentation, context_bytes={}, default_context_bytes=context)
+    largest = 1.0
+    for r in rows:
+        s = score_run(r, fitted)
+        largest = max(largest, s.measured_bytes / s.predicted_bytes)
+    upper = dict.fromkeys(METRICS, round(largest + UPPER_SLACK, 4))
+    return replace(fitted, upper_ratio=upper, rows=len(rows))
+
+
+# --- reports ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Summary:
+    rows: int
+    mean_accuracy: float
+    worst_accuracy: float
+    under_predicted_3pct: int
+    upper_under_3pct: int
+    upper_coverage: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "rows": self.rows,
+            "mean_accuracy": round(self.mean_accuracy, 4),
+            "worst_accuracy": round(self.worst_accuracy, 4),
+            "under_predicted_3pct": self.under_predicted_3pct,
+            "upper_under_3pct": self.upper_under_3pct,
+            "upper_coverage": round(self.upper_coverage, 4),
+        }
+
+
+def summarise(scores: Sequence[RowScore]) -> Summary:
+    if not scores:
+        return Summary(rows=0, mean_accuracy=math.nan, worst_accuracy=math.nan, under_predicted_3pct=0,
+                       upper_under_3pct=0, upper_coverage=math.nan)  # fmt: skip
+    return Summary(
+        rows=len(scores),
+        mean_accuracy=statistics.fmean(s.accuracy for s in scores),
+        worst_accuracy=min(s.accuracy for s in scores),
+        under_predicted_3pct=sum(1 for s in scores if s.signed_error < -0.03),
+        upper_under_3pct=sum(1 for s in scores if s.upper_margin < -0.03),
+        upper_coverage=sum(1 for s in scores if s.upper_margin >= 0) / len(scores),
+    )
+
+
+def by_source(scores: Sequence[RowScore]) -> dict[str, Summary]:
+    groups: dict[str, list[RowScore]] = {}
+    for s in scores:
+        groups.setdefault(s.source, []).append(s)
+    return {source: summarise(group) for source, group in sorted(groups.items())}
+
+
+def cross_validate(runs: Sequence[MeasuredRun], base: MemoryFit | None = None) -> list[RowScore]:
+    """Leave one source out: each source's rows scored with the parameters fitted on every other source."""
+    rows = usable(runs)
+    scores: dict[str, RowScore] = {}
+    for source in sorted({r.source for r in rows}):
+        held = [r for r in rows if r.source == source]
+        fitted = fit([r for r in rows if r.source != source], base)
+        for r in held:
+            scores[r.row_id] = score_run(r, fitted)
+    return [scores[r.row_id] for r in rows]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Validation:
+    """``frenzy validate memory``'s result: in-sample (the shipped fit) and leave-one-source-out."""
+
+    runs: list[MeasuredRun]
+    fit: MemoryFit
+    in_sample: list[RowScore]
+    held_out: list[RowScore]
+
+    def to_dict(self) -> dict[str, Any]:
+        held = {s.row_id: s for s in self.held_out}
+        rows = []
+        for run in self.runs:
+            base: dict[str, Any] = {"id": run.row_id, "source": run.source, "metric": run.metric}
+            score = next((s for s in self.in_sample if s.row_id == run.row_id), None)
+            if score is None:
+                rows.append({**base, "skipped": run.skip_reason, "measured": run.measured_bytes})
+                continue
+            cv = held[run.row_id]
+            rows.append({**score.to_dict(), "cross_validated": cv.to_dict()})
+        return {
+            "rows": rows,
+            "by_source": {k: v.to_dict() for k, v in by_source(self.in_sample).items()},
+            "overall": summarise(self.in_sample).to_dict(),
+            "cross_validated": {
+                "method": "leave one source out",
+                "overall": summarise(self.held_out).to_dict(),
+                "by_source": {k: v.to_dict() for k, v in by_source(self.held_out).items()},
+            },
+            "fit": self.fit.to_dict(),
+        }
+
+
+def validate(path: str | Path, fitted: MemoryFit | None = None) -> Validation:
+    """Score MARP on every usable row of ``path`` with ``fitted`` (the shipped fit by default) and with
+    leave-one-source-out refits."""
+    runs = read_measurements(path)
+    fitted = fitted or load_fit()
+    rows = usable(runs)
+    return Validation(
+        runs=runs,
+        fit=fitted,
+        in_sample=[score_run(r, fitted) for r in rows],
+        held_out=cross_validate(runs),
+    )
