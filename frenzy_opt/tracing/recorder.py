@@ -120,6 +120,8 @@ class AllocationRecorder(TorchDispatchMode):
         self._fake_on_entry: FakeTensorMode | None = None
         self._orig_resize: Any = None
         self._depth = 0
+        self._suspended = 0
+        self._orig_propagate: Any = None
         self._block_size: dict[int, int] = {}
         self.live_bytes = 0
 
@@ -190,11 +192,26 @@ class AllocationRecorder(TorchDispatchMode):
 
             def resize_(st: torch.UntypedStorage, size: int) -> Any:
                 out = orig(st, size)
-                if _active_fake_mode() is recorder._fake_on_entry or st in recorder._blocks:
+                if not recorder._suspended and (_active_fake_mode() is recorder._fake_on_entry or st in recorder._blocks):
                     recorder._resized(st)
                 return out
 
             torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign]
+            # DTensor's sharding propagation runs each op once more on fake tensors of the *global* shapes
+            # (in the active fake mode, which is ours): those are metadata, never allocated on a device.
+            from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+            self._orig_propagate = ShardingPropagator._propagate_tensor_meta_non_cached
+            propagate = self._orig_propagate
+
+            def propagate_meta(prop: Any, *args: Any, **kwargs: Any) -> Any:
+                recorder._suspended += 1
+                try:
+                    return propagate(prop, *args, **kwargs)
+                finally:
+                    recorder._suspended -= 1
+
+            ShardingPropagator._propagate_tensor_meta_non_cached = propagate_meta  # type: ignore[method-assign]
         self._depth += 1
         super().__enter__()
         return self
@@ -204,6 +221,9 @@ class AllocationRecorder(TorchDispatchMode):
         self._depth -= 1
         if self._depth == 0:
             torch.UntypedStorage.resize_ = self._orig_resize  # type: ignore[method-assign]
+            from torch.distributed.tensor._sharding_prop import ShardingPropagator
+
+            ShardingPropagator._propagate_tensor_meta_non_cached = self._orig_propagate  # type: ignore[method-assign]
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         if any(t is DTensor or (isinstance(t, type) and issubclass(t, DTensor)) for t in types):
@@ -213,7 +233,7 @@ class AllocationRecorder(TorchDispatchMode):
             res = args[0]
         else:
             res = func(*args, **(kwargs or {}))
-        if _active_fake_mode() is self._fake_on_entry:
+        if not self._suspended and _active_fake_mode() is self._fake_on_entry:
             tree_map_only(torch.Tensor, self.track, res)
         return res
 
