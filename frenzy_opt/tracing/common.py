@@ -123,9 +123,18 @@ def fake_process_group(rank: int, world_size: int) -> Iterator[None]:
     if dist.is_initialized():
         dist.destroy_process_group()
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world_size)
+    original = dist.all_gather_object
+
+    def all_gather_object(object_list: list[Any], obj: Any, group: Any = None) -> None:
+        # Object collectives pickle through real tensors, which fake tensor mode cannot read: every rank
+        # of a traced layout has the same structure, so each peer "sends" this rank's object.
+        object_list[:] = [obj] * len(object_list)
+
+    dist.all_gather_object = all_gather_object
     try:
         yield
     finally:
+        dist.all_gather_object = original
         dist.destroy_process_group()
         gc.collect()
 
