@@ -1,0 +1,198 @@
+"""MARP's peak_allocated_bytes against the trace path (the real runtimes under FakeTensorMode), per stage.
+
+    .venv/bin/python -P benchmarks/marp_vs_trace.py --out benchmarks/results/marp_vs_trace.md [--quick]
+
+For each configuration of the grid (per runtime: model shapes from small to 8B-class, dp, tp, sp, pp,
+recompute, micro-batch, zero_stage, seq_len) it traces the first and last pipeline stage
+(:func:`frenzy_opt.tracing.trace_job`) and predicts them with ``predict_memory(job, None, cuda=None)``,
+then writes the relative gap, the phase of each peak and the components (model states at the end of the
+last step vs MARP's weights + grads + master + optimizer states; the rest of each peak).
+8B-class shapes use the real widths (hidden 4096, ffn 14336, 32/8 heads, vocab 128256) with few layers:
+the cost of a fake trace grows with the number of ops, and every layer of a stage is alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+import traceback
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from frenzy_opt.marp.predictor import predict_memory
+from frenzy_opt.models.arch import ModelArch
+from frenzy_opt.spec import JobSpec, ParallelConfig, TrainingConfig
+from frenzy_opt.tracing import trace_job
+
+MIB = 2**20
+
+SHAPES = {
+    "s-256": ModelArch(name="s-256", num_layers=4, hidden_size=256, ffn_hidden_size=768, num_attention_heads=8,
+                       num_kv_heads=4, vocab_size=8192),
+    "m-1024": ModelArch(name="m-1024", num_layers=4, hidden_size=1024, ffn_hidden_size=2816, num_attention_heads=16,
+                        num_kv_heads=8, vocab_size=32000),
+    "l-2048": ModelArch(name="l-2048", num_layers=4, hidden_size=2048, ffn_hidden_size=8192, num_attention_heads=32,
+                        num_kv_heads=8, vocab_size=128256),
+    "8b-4L": ModelArch(name="8b-4L", num_layers=4, hidden_size=4096, ffn_hidden_size=14336, num_attention_heads=32,
+                       num_kv_heads=8, vocab_size=128256),
+}  # fmt: skip
+
+BASE = {"fsdp2": dict(zero_stage=3), "megatron": dict(zero_stage=1)}
+VARIANTS: list[tuple[dict[str, Any], dict[str, Any]]] = [
+    # (parallel overrides, training overrides)
+    (dict(dp=1, zero_stage=0), {}),
+    (dict(dp=2), {}),
+    (dict(dp=8), {}),
+    (dict(dp=2, tp=2), {}),
+    (dict(dp=2, tp=2, sequence_parallel=True), {}),
+    (dict(dp=2, pp=2), {}),
+    (dict(dp=1, pp=4, zero_stage=0), {}),
+    (dict(dp=2, recompute="full"), {}),
+    (dict(dp=2, recompute="selective"), {}),
+    (dict(dp=2), dict(micro_batch_size=2)),
+    (dict(dp=2), dict(seq_len=1024)),
+    (dict(dp=4, tp=2, sequence_parallel=True, recompute="selective"), {}),
+    (dict(dp=2, tp=4, sequence_parallel=True), dict(seq_len=1024)),
+]
+
+
+def grid(runtime: str, quick: bool) -> list[JobSpec]:
+    jobs = []
+    shapes = ["s-256", "m-1024"] if quick else list(SHAPES)
+    for shape in shapes:
+        for parallel, training in VARIANTS:
+            par = {**BASE[runtime], **parallel}
+            if runtime == "megatron" and par.get("dp", 1) == 1:
+                par["zero_stage"] = 0
+            if runtime == "fsdp2":
+                par["zero_stage"] = 3
+            train = dict(seq_len=512, micro_batch_size=1, global_batch_size=16, runtime=runtime) | training
+            if par.get("sequence_parallel") and runtime == "megatron" and par.get("recompute") == "selective":
+                pass
+            name = f"{runtime}/{shape}/" + ",".join(f"{k}={v}" for k, v in sorted(parallel.items()))
+            name += "".join(f",{k}={v}" for k, v in training.items())
+            jobs.append(JobSpec(name=name, model=SHAPES[shape], training=TrainingConfig(**train),
+                                parallel=ParallelConfig(**par)))  # fmt: skip
+    if runtime == "megatron" and not quick:
+        jobs += [replace(j, parallel=replace(j.parallel, attention="eager"), name=j.name + ",attention=eager")
+                 for j in jobs if "m-1024" in j.name][:4]  # fmt: skip
+    return jobs
+
+
+def compare(job: JobSpec) -> list[dict[str, Any]]:
+    trace = trace_job(job)
+    pred = predict_memory(job, None, cuda=None)
+    rows = []
+    for st in trace.stages:
+        p = pred.stages[st.stage]
+        b = p.breakdown
+        marp_states = sum(b[k] for k in ("weights", "grads", "master_weights", "optimizer_states", "weight_cache"))
+        rows.append({
+            "job": job.name, "stage": st.stage,
+            "trace_peak": st.peak_allocated_bytes, "marp_peak": p.peak_allocated_bytes,
+            "gap": (p.peak_allocated_bytes - st.peak_allocated_bytes) / st.peak_allocated_bytes,
+            "trace_phase": st.peak_phase, "marp_phase": p.peak_phase,
+            "trace_states": st.model_state_bytes, "marp_states": marp_states,
+            "trace_setup": st.setup_bytes,
+            "trace_components": st.components, "marp_breakdown": b,
+            "microbatches": st.microbatches,
+        })  # fmt: skip
+    return rows
+
+
+def mib(x: float) -> str:
+    return f"{x / MIB:,.1f}"
+
+
+def write(rows: list[dict[str, Any]], failures: list[tuple[str, str]], out: Path, command: str, elapsed: float) -> None:
+    lines = [
+        "# MARP vs the trace path (real runtimes under FakeTensorMode)",
+        "",
+        f"Command: `{command}`  ",
+        f"Machine: {platform.machine()} {platform.system()}, Python {platform.python_version()}, CPU only "
+        f"(FakeTensorMode: no tensor memory is allocated); {elapsed:.0f} s wall.  ",
+        "Runtimes: torchtitan 0.3.0 (fsdp2), megatron-core 0.16.1 (megatron, local spec). MARP: "
+        "`predict_memory(job, None, cuda=None)` (CUDA-only terms off). gap = (MARP - trace) / trace.",
+        "",
+    ]
+    for runtime in ("fsdp2", "megatron"):
+        rr = [r for r in rows if r["job"].startswith(runtime)]
+        if not rr:
+            continue
+        gaps = [r["gap"] for r in rr]
+        worst = max(rr, key=lambda r: abs(r["gap"]))
+        lines += [
+            f"## {runtime}: {len({r['job'] for r in rr})} configurations, {len(rr)} stages",
+            "",
+            f"mean gap {sum(gaps) / len(gaps):+.1%}, mean |gap| {sum(abs(g) for g in gaps) / len(gaps):.1%}, "
+            f"worst {worst['gap']:+.1%} ({worst['job']} stage {worst['stage']})",
+            "",
+            "| config | stage | trace MiB | MARP MiB | gap | trace phase | MARP phase | trace states MiB | "
+            "MARP states MiB | trace rest: fwd / bwd / other MiB | MARP rest: act / logits / comm / temp MiB |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in rr:
+            c, b = r["trace_components"], r["marp_breakdown"]
+            lines.append(
+                f"| {r['job'].split('/', 1)[1]} | {r['stage']} | {mib(r['trace_peak'])} | {mib(r['marp_peak'])} | "
+                f"{r['gap']:+.1%} | {r['trace_phase']} | {r['marp_phase']} | {mib(r['trace_states'])} | "
+                f"{mib(r['marp_states'])} | {mib(c['forward'])} / {mib(c['backward'])} / "
+                f"{mib(c['other'] + c['communication_buffers'] + c['model_states'] - r['trace_states'])} | "
+                f"{mib(b['activations'])} / {mib(b['logits_and_loss'])} / {mib(b['communication_buffers'])} / "
+                f"{mib(b['temporaries'])} |"
+            )
+        lines.append("")
+    if failures:
+        lines += ["## Configurations that did not trace", ""]
+        lines += [f"- {name}: `{err}`" for name, err in failures]
+        lines.append("")
+    findings = Path(__file__).with_name("marp_vs_trace_findings.md")
+    if findings.exists():
+        lines.append(findings.read_text())
+    out.write_text("\n".join(lines) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", type=Path, default=Path("benchmarks/results/marp_vs_trace.md"))
+    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--runtime", choices=("fsdp2", "megatron"), action="append")
+    ap.add_argument("--from-json", type=Path, nargs="*", help="write the report from earlier --json files")
+    args = ap.parse_args(argv)
+    start = time.time()
+    if args.from_json:
+        rows = [r for path in args.from_json for r in json.loads(path.read_text())]
+        fails = [tuple(f) for path in args.from_json if path.with_suffix(".fail").exists()
+                 for f in json.loads(path.with_suffix(".fail").read_text())]  # fmt: skip
+        write(rows, fails, args.out, "python -P benchmarks/marp_vs_trace.py --runtime fsdp2 --json A; "
+              "... --runtime megatron --json B; ... --from-json A B", 0)  # fmt: skip
+        return 0
+    rows: list[dict[str, Any]] = []
+    failures: list[tuple[str, str]] = []
+    for runtime in args.runtime or ["fsdp2", "megatron"]:
+        for job in grid(runtime, args.quick):
+            t0 = time.time()
+            try:
+                got = compare(job)
+            except Exception as err:  # a configuration the runtime cannot run on the CPU: reported
+                failures.append((job.name, f"{type(err).__name__}: {str(err).splitlines()[0][:200]}"))
+                traceback.print_exc(limit=3)
+                continue
+            rows += got
+            for r in got:
+                print(f"{time.time() - t0:6.1f}s {r['job']} s{r['stage']} gap {r['gap']:+.1%}", flush=True)
+            if args.json:
+                args.json.write_text(json.dumps(rows, indent=1, default=str))
+                args.json.with_suffix(".fail").write_text(json.dumps(failures))
+    command = "python -P benchmarks/marp_vs_trace.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    write(rows, failures, args.out, command, time.time() - start)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
