@@ -201,7 +201,7 @@ def ceil_div(a: int, b: int) -> int:
     return math.ceil(a / b)
 
 
-class FakeScalars(TorchDispatchMode):
+class FakeScalars(TorchDispatchMode):  # type: ignore[misc]
     """Answer ``Tensor.item()`` on fake tensors (``aten._local_scalar_dense``), which FakeTensorMode
     refuses (data-dependent): 1 for integer and bool tensors, 1.0 for floating ones. The runtimes read such
     scalars only for logging and token counts (torchtitan's ``int(local_valid_tokens)``, Megatron's

@@ -307,7 +307,7 @@ def trace_stage(
 
     check_supported(job)
     opts = opts or McoreOptions()
-    p, t = job.parallel, job.training
+    p = job.parallel
     recompute = opts.recompute or p.recompute
     attention = opts.attention or p.attention
     total_mb, run_mb = common.step_microbatches(job, max_microbatches)
@@ -410,8 +410,7 @@ def _build(job: JobSpec, stage: int, recompute: str, attention: str, opts: Mcore
 def _train_step(job: JobSpec, model: Any, optimizer: Any, config: Any, microbatches: int, counter: dict[str, int],
                 set_phase: Any) -> None:  # fmt: skip
     """Megatron-LM's ``train_step``: zero the grad buffers, the schedule's forwards and backwards, the step."""
-    from megatron.core.pipeline_parallel import get_forward_backward_func
-    from megatron.core.pipeline_parallel import schedules
+    from megatron.core.pipeline_parallel import get_forward_backward_func, schedules
 
     t, p = job.training, job.parallel
     b, s, v = t.micro_batch_size, t.seq_len // p.cp, job.model.vocab_size

@@ -17,6 +17,7 @@ their local shards are what is counted; FakeTensorMode's own nested propagation 
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import weakref
 from collections.abc import Iterator
@@ -100,7 +101,7 @@ class Trace:
         return out
 
 
-class AllocationRecorder(TorchDispatchMode):
+class AllocationRecorder(TorchDispatchMode):  # type: ignore[misc]
     """Record tensor-storage allocations and frees while active (see the module docstring).
 
     ``phase`` is the label given to the events from now on; :meth:`set_phase` changes it and
@@ -142,6 +143,9 @@ class AllocationRecorder(TorchDispatchMode):
         self._setup_end = len(self.events)
 
     # -- tracking -----------------------------------------------------------------------------------
+    def _finalized(self, block: int, _ref: object) -> None:
+        self._on_free(block)
+
     def _on_free(self, block: int) -> None:
         if self._refs.pop(block, None) is not None:
             self._free_block(block)
@@ -167,7 +171,7 @@ class AllocationRecorder(TorchDispatchMode):
         self._next_block += 1
         self._blocks[st] = (block, size)
         self._block_size[block] = size
-        self._refs[block] = weakref.ref(st, lambda _ref, b=block: self._on_free(b))
+        self._refs[block] = weakref.ref(st, functools.partial(self._finalized, block))
         if size:
             self.events.append(MemEvent(action="alloc", block=block, size=size, phase=self.phase))
             self.live_bytes += size
@@ -192,7 +196,8 @@ class AllocationRecorder(TorchDispatchMode):
 
             def resize_(st: torch.UntypedStorage, size: int) -> Any:
                 out = orig(st, size)
-                if not recorder._suspended and (_active_fake_mode() is recorder._fake_on_entry or st in recorder._blocks):
+                ours = _active_fake_mode() is recorder._fake_on_entry or st in recorder._blocks
+                if not recorder._suspended and ours:
                     recorder._resized(st)
                 return out
 

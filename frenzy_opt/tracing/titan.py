@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import importlib.util
 import sys
 import types
 from collections.abc import Iterator
@@ -246,7 +247,7 @@ def trace_stage(
     check_supported(job)
     opts = opts or TitanOptions()
     tt = import_torchtitan()
-    p, t = job.parallel, job.training
+    p = job.parallel
     mode = opts.recompute or p.recompute
     if mode not in RECOMPUTE_MODES:
         raise ValueError(f"recompute must be one of {RECOMPUTE_MODES}, got {mode!r}")
@@ -318,7 +319,9 @@ def trace_stage(
             model.register_forward_pre_hook(forward_hook)
             trainer_cls = tt["trainer"].Trainer
             if p.pp == 1:
-                shell = _trainer_shell(tt, job, model, loss_fn, containers, parallel_dims, training, parallelism, run_mb)
+                shell = _trainer_shell(
+                    tt, job, model, loss_fn, containers, parallel_dims, training, parallelism, run_mb
+                )
                 for _ in range(steps):
                     counter["forward"] = 0
                     trainer_cls.train_step(shell, _batches(job, run_mb))
