@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.deps-installed
 
-.PHONY: run test install lint typecheck pytest bench validate clean
+.PHONY: run test install lint typecheck pytest bench validate calibrate clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -39,8 +39,16 @@ pytest: install
 
 test: lint typecheck pytest
 
+# MARP against published measured runs (leave one source out) when ../shared/calibration is present, and the
+# FakeTensorMode harness of the reference decoder (self-consistency only, about 5 minutes).
+CALIBRATION := ../shared/calibration/memory-measured.csv
 validate: install
-	$(BIN)/python -P -m frenzy_opt.validation.report --out docs/marp-validation.md
+	@if [ -f $(CALIBRATION) ]; then $(BIN)/frenzy validate memory $(CALIBRATION) --out docs/marp-validation.md; \
+	else echo "make validate: $(CALIBRATION) not found; skipping the measured-runs report"; fi
+	$(BIN)/python -P -m frenzy_opt.validation.report --out docs/marp-harness.md
+
+calibrate: install
+	$(BIN)/frenzy calibrate $(CALIBRATION) --name memory
 
 bench: install
 	$(BIN)/python -P benchmarks/plan_enumeration.py --out benchmarks/results/plan_enumeration.md

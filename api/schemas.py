@@ -60,6 +60,7 @@ class TrainingIn(_Strict):
     train_steps: int = Field(default=1000, ge=1, le=100_000_000)
     precision: Precision = "bf16"
     optimizer: Optimizer = "adamw"
+    memory_headroom: float | None = Field(default=None, ge=0.0, le=0.9)
     runtime: Runtime = "megatron"
 
 

@@ -125,6 +125,10 @@ def prediction_payload(prediction: MemoryPrediction) -> dict[str, Any]:
         "peak_allocated_bytes": prediction.peak_allocated_bytes,
         "peak_reserved_bytes": prediction.peak_reserved_bytes,
         "device_used_bytes": prediction.device_used_bytes,
+        "fits_upper": prediction.fits_upper,
+        "peak_allocated_upper_bytes": prediction.peak_allocated_upper_bytes,
+        "peak_reserved_upper_bytes": prediction.peak_reserved_upper_bytes,
+        "device_used_upper_bytes": prediction.device_used_upper_bytes,
         "stages": [s.to_dict() for s in prediction.stages],
     }
 
@@ -137,6 +141,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
     prediction = predict_memory(job, gpu)
     payload = {"job": job.name, "model": job.model.name, "micro_batch_size": job.training.micro_batch_size,
                **prediction_payload(prediction)}  # fmt: skip
+    trace = _run_trace(job) if args.trace else None
+    if trace is not None:
+        payload["trace"] = trace
 
     def render(console: Console) -> None:
         verdict = "[green]fits[/]" if prediction.fits else "[red]does not fit[/]"
@@ -155,11 +162,47 @@ def cmd_predict(args: argparse.Namespace) -> int:
         table.add_row("[bold]peak allocated", *(_gib(s.peak_allocated_bytes) for s in prediction.stages))
         table.add_row("[bold]peak reserved", *(_gib(s.peak_reserved_bytes) for s in prediction.stages))
         table.add_row("[bold]device used (nvidia-smi)", *(_gib(s.device_used_bytes) for s in prediction.stages))
+        table.add_row("upper bound: allocated", *(_gib(s.peak_allocated_upper_bytes) for s in prediction.stages))
+        table.add_row("upper bound: reserved", *(_gib(s.peak_reserved_upper_bytes) for s in prediction.stages))
+        table.add_row("upper bound: device used", *(_gib(s.device_used_upper_bytes) for s in prediction.stages))
         table.add_row("peak phase", *(s.peak_phase for s in prediction.stages))
         console.print(table)
+        if trace is not None:
+            console.print(_trace_table(trace, prediction))
 
     _emit(args, payload, render)
     return 0
+
+
+def _run_trace(job: Any) -> dict[str, Any]:
+    """The trace path for one plan: the real runtime's code under FakeTensorMode (``frenzy_opt.tracing``,
+    needs the ``validate`` extra), its allocation trace replayed through the caching-allocator model."""
+    try:
+        from frenzy_opt.tracing import trace_job
+    except ImportError as err:
+        raise ValueError(f"--trace needs the validate extra (pip install 'frenzy-opt[validate]'): {err}") from None
+    from frenzy_opt.marp.allocator import replay
+
+    result = trace_job(job)
+    stages = []
+    for stage in result.stages:
+        stats = replay(stage.trace.events if stage.trace is not None else [])
+        stages.append({**stage.to_dict(), "replayed_peak_allocated_bytes": stats.peak_allocated_bytes,
+                       "replayed_peak_reserved_bytes": stats.peak_reserved_bytes})  # fmt: skip
+    return {"runtime": result.runtime, "stages": stages}
+
+
+def _trace_table(trace: dict[str, Any], prediction: MemoryPrediction) -> Table:
+    table = Table(title=f"Trace path ({trace['runtime']} under FakeTensorMode) vs MARP (GiB)")
+    for col in ("stage", "traced allocated", "allocator model reserved", "MARP allocated", "MARP reserved"):
+        table.add_column(col, justify="right")
+    predicted = {s.stage: s for s in prediction.stages}
+    for s in trace["stages"]:
+        p = predicted.get(s["stage"])
+        marp = (p.peak_allocated_bytes, p.peak_reserved_bytes) if p else (None, None)
+        table.add_row(str(s["stage"]), _gib(s["peak_allocated_bytes"]), _gib(s["replayed_peak_reserved_bytes"]),
+                      _gib(marp[0]), _gib(marp[1]))  # fmt: skip
+    return table
 
 
 def _parallel_text(parallel: dict[str, Any]) -> str:
@@ -199,6 +242,7 @@ def _plans_table(title: str, search: PlanSearch, top: int) -> Table:
         "runtime h",
         "alloc GiB",
         "used GiB",
+        "upper GiB",
         "headroom",
     ):
         table.add_column(col, justify="left" if col in ("gpu", "parallel", "prec") else "right")
@@ -207,7 +251,7 @@ def _plans_table(title: str, search: PlanSearch, top: int) -> Table:
         runtime = "-" if p.est_runtime_s is None else f"{p.est_runtime_s / 3600:.1f}"
         table.add_row(str(i), p.gpu_type, str(p.num_gpus), _parallel_text(p.parallel.to_dict()),
                       str(p.micro_batch_size), p.precision, step, runtime, _gib(p.peak_allocated_bytes),
-                      _gib(p.device_used_bytes),
+                      _gib(p.device_used_bytes), _gib(p.device_used_upper_bytes),
                       f"{100 * p.headroom_bytes / p.capacity_bytes:.0f}%")  # fmt: skip
     return table
 
@@ -215,7 +259,7 @@ def _plans_table(title: str, search: PlanSearch, top: int) -> Table:
 def cmd_plan(args: argparse.Namespace) -> int:
     job = load_job(resolve(args.job))
     cluster = load_cluster_ref(args.cluster)
-    search = search_or_fail(job, cluster)
+    search = search_or_fail(job, cluster, headroom=args.headroom)
     payload = {"job": job.name, "cluster": cluster.name, **plans_payload(search, args.top)}
 
     def render(console: Console) -> None:
@@ -224,6 +268,74 @@ def cmd_plan(args: argparse.Namespace) -> int:
         )
         mins = ", ".join(f"{k}: {v}" for k, v in search.min_gpus_per_type().items())
         console.print(f"minimum GPUs per type: {mins}")
+        console.print(
+            "feasible = upper bound of device memory used + required headroom <= GPU memory; "
+            "headroom column = memory left above the upper bound"
+        )
+
+    _emit(args, payload, render)
+    return 0
+
+
+# --- validate / calibrate ------------------------------------------------------------------------------
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from frenzy_opt.validation.measured import render_markdown, validate
+
+    if args.what != "memory":
+        raise ValueError(f"validate: only memory is available here, got {args.what!r}")
+    result = validate(args.file)
+    payload = result.to_dict()
+    if args.out:
+        command = f"frenzy validate memory {args.file} --out {args.out}"
+        Path(args.out).write_text(render_markdown(result, command), encoding="utf-8")
+
+    def render(console: Console) -> None:
+        for label, key in (("in sample (shipped fit)", "overall"), ("leave one source out", "cross_validated")):
+            o = payload[key] if key == "overall" else payload[key]["overall"]
+            console.print(
+                f"{label}: {o['rows']} rows, mean accuracy {100 * o['mean_accuracy']:.1f} %, worst "
+                f"{100 * o['worst_accuracy']:.1f} %, {o['under_predicted_3pct']} under-predicted by > 3 %, "
+                f"upper bound holds on {100 * o['upper_coverage']:.0f} % ({o['upper_under_3pct']} rows > 3 % under it)"
+            )
+        table = Table(title="By source, leave one source out")
+        for col in ("source", "rows", "mean acc", "worst acc", "bound holds"):
+            table.add_column(col, justify="left" if col == "source" else "right")
+        for source, o in payload["cross_validated"]["by_source"].items():
+            table.add_row(source[:60], str(o["rows"]), f"{100 * o['mean_accuracy']:.1f} %",
+                          f"{100 * o['worst_accuracy']:.1f} %", f"{100 * o['upper_coverage']:.0f} %")  # fmt: skip
+        console.print(table)
+
+    _emit(args, payload, render)
+    return 0
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from frenzy_opt.marp.fit import FIT_PATH, load_fit
+    from frenzy_opt.validation.measured import calibrate, summarise, validate, write_fit
+
+    if args.name != "memory":
+        raise ValueError(f"calibrate: --name must be memory, got {args.name!r}")
+    before = validate(args.file, load_fit()).held_out
+    fitted, after = calibrate(args.file)
+    out = Path(args.out) if args.out else FIT_PATH
+    write_fit(fitted, out)
+    payload = {
+        "name": args.name,
+        "parameters": fitted.to_dict(),
+        "written_to": str(out),
+        "error_before": summarise(before).to_dict(),
+        "error_after": summarise(after.held_out).to_dict(),
+    }
+
+    def render(console: Console) -> None:
+        console.print(f"wrote {out}: {json.dumps(fitted.to_dict(), sort_keys=True)}")
+        a = payload["error_after"]
+        console.print(
+            f"leave one source out: mean accuracy {100 * a['mean_accuracy']:.1f} %, worst "
+            f"{100 * a['worst_accuracy']:.1f} %, bound holds on {100 * a['upper_coverage']:.0f} %"
+        )
 
     _emit(args, payload, render)
     return 0
@@ -558,10 +670,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("job", help="job spec file (YAML or JSON, contract 1) or a shipped job name")
     p.add_argument("--gpu", required=True, help="GPU type name or alias (see `frenzy catalog gpus`)")
     p.add_argument("--micro-batch-size", type=int, default=0, help="override training.micro_batch_size")
+    p.add_argument("--trace", action="store_true", help="also run the trace path (real runtime, FakeTensorMode)")
     p = add("plan", "every memory-feasible plan of a job on a cluster, best first", cmd_plan)
     p.add_argument("job", help="job spec file (YAML or JSON, contract 1) or a shipped job name")
     p.add_argument("--cluster", required=True, help="cluster file or shipped cluster name (contract 2)")
     p.add_argument("--top", type=int, default=10, help="how many plans to show (default 10)")
+    p.add_argument(
+        "--headroom", type=float, help="fraction of GPU memory kept free above the upper bound (default: the fit's)"
+    )
+    p = add("validate", "score MARP on measured runs (calibration-format CSV), leave one source out", cmd_validate)
+    p.add_argument("what", choices=("memory",))
+    p.add_argument("file", help="CSV in the format of ../shared/calibration/memory-measured.csv")
+    p.add_argument("--out", help="also write the Markdown report here (e.g. docs/marp-validation.md)")
+    p = add("calibrate", "refit MARP's shipped parameters from measured runs", cmd_calibrate)
+    p.add_argument("file", help="CSV in the format of ../shared/calibration/memory-measured.csv")
+    p.add_argument("--name", required=True, choices=("memory",), help="what to fit")
+    p.add_argument("--out", help="where to write the fit (default: frenzy_opt/data/memory-fit.json)")
     p = add("solve", "schedule a scenario's jobs with the greedy HAS, CP-SAT, or both", cmd_solve)
     p.add_argument("scenario", help="scenario file or shipped name")
     p.add_argument("--solver", choices=("greedy", "cpsat", "both"), default="both")

@@ -29,6 +29,7 @@ from typing import Any
 from frenzy_opt.cluster import ClusterSpec
 from frenzy_opt.gpus import GpuType
 from frenzy_opt.marp.activations import activation_terms_for
+from frenzy_opt.marp.fit import SHIPPED_FIT, MemoryFit
 from frenzy_opt.marp.layout import state_layout_for
 from frenzy_opt.marp.predictor import (
     DEFAULT_CUDA,
@@ -38,10 +39,11 @@ from frenzy_opt.marp.predictor import (
     param_terms,
     peak_stages,
     stage_model_of,
+    upper_bytes,
 )
 from frenzy_opt.marp.stages import chunk_layer_counts, in_flight_layer_microbatches
 from frenzy_opt.models.arch import ModelArch
-from frenzy_opt.spec import ZERO_STAGES_BY_RUNTIME, JobSpec, ParallelConfig, TrainingConfig
+from frenzy_opt.spec import ZERO_STAGES_BY_RUNTIME, JobSpec, ParallelConfig, TrainingConfig, check_headroom
 from frenzy_opt.steptime import Links, StepTimeModel, step_terms_of
 
 MICRO_BATCH_CHOICES = (1, 2, 4, 8, 16)
@@ -63,10 +65,16 @@ class Plan:
     capacity_bytes: int
     step_time_s: float | None = None
     est_runtime_s: float | None = None
+    peak_allocated_upper_bytes: int = 0
+    peak_reserved_upper_bytes: int = 0
+    device_used_upper_bytes: int = 0
+    required_headroom_bytes: int = 0
+    """The headroom the plan was admitted with (``training.memory_headroom`` x capacity)."""
 
     @property
     def headroom_bytes(self) -> int:
-        return self.capacity_bytes - self.device_used_bytes
+        """Memory left on the GPU above the upper bound of the nvidia-smi footprint."""
+        return self.capacity_bytes - max(self.device_used_upper_bytes, self.device_used_bytes)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -79,6 +87,10 @@ class Plan:
             "peak_reserved_bytes": self.peak_reserved_bytes,
             "device_used_bytes": self.device_used_bytes,
             "capacity_bytes": self.capacity_bytes,
+            "peak_allocated_upper_bytes": self.peak_allocated_upper_bytes,
+            "peak_reserved_upper_bytes": self.peak_reserved_upper_bytes,
+            "device_used_upper_bytes": self.device_used_upper_bytes,
+            "required_headroom_bytes": self.required_headroom_bytes,
             "headroom_bytes": self.headroom_bytes,
             "step_time_s": self.step_time_s,
             "est_runtime_s": self.est_runtime_s,
@@ -278,13 +290,20 @@ def enumerate_plans(
     cuda: CudaTerms | None = DEFAULT_CUDA,
     step_model: StepTimeModel = DEFAULT_STEP_MODEL,
     prune: bool = True,
+    fit: MemoryFit = SHIPPED_FIT,
+    headroom: float | None = None,
 ) -> PlanSearch:
     """Every memory-feasible plan of ``job`` on each GPU type of ``cluster``, ranked (see :func:`rank_plans`).
 
     GPU types that run the job at the same precision, with the same node size and GPU count, share one
     search. Memory never grows with dp at dp >= 2 (ZeRO shards shrink, fewer micro-batches are in flight,
     more ep choices), so the dp scan runs from the largest dp down and skips the remaining dp >= 2 after the
-    first dp where nothing fits; dp = 1 (no data-parallel communicator) is checked on its own. A shape
+    first dp where nothing fits; dp = 1 (no data-parallel communicator) is checked on its own.
+
+    A plan is feasible when the upper bound of its nvidia-smi footprint (the prediction times the fit's
+    upper ratio, :func:`frenzy_opt.marp.predictor.upper_bytes`) plus the headroom (``headroom``, else
+    ``training.memory_headroom``, else the fit's cross-validated default, as a fraction of GPU memory)
+    fits the GPU. A shape
     whose lower bound (:func:`_lower_bound`) exceeds the group's largest GPU is skipped. When no plan fits
     anywhere, a second pass (``prune=False``) finds the least per-GPU footprint of any configuration for
     the error message, skipping shapes whose lower bound exceeds the best footprint found so far.
@@ -299,6 +318,11 @@ def enumerate_plans(
     plans: list[Plan] = []
     min_device: int | None = None
     evaluated = 0
+    if headroom is None:
+        headroom = job.training.memory_headroom
+    if headroom is None:
+        headroom = fit.headroom_fraction
+    check_headroom("headroom", headroom)
     for (precision, gpus_per_node, max_gpus), gpus in groups.items():
         base = replace(job, training=replace(job.training, precision=precision))
         cache = _PeakCache(job.model, base.training)
@@ -324,9 +348,11 @@ def enumerate_plans(
                     terms = None
                     for link_gpus in by_link:
                         reserved, used = cuda_totals(allocated, parallel, cuda, link_gpus[0])
-                        min_device = used if min_device is None else min(min_device, used)
+                        used_upper = upper_bytes(used, "device_used", fit)
+                        min_device = used_upper if min_device is None else min(min_device, used_upper)
                         for gpu in link_gpus:  # largest memory first
-                            if used > gpu.memory_bytes:
+                            required = int(headroom * gpu.memory_bytes)
+                            if used_upper + required > gpu.memory_bytes:
                                 break
                             if terms is None:
                                 terms = step_terms_of(job.model, cache.training(shape.micro_batch_size), parallel)
@@ -345,13 +371,17 @@ def enumerate_plans(
                                     capacity_bytes=gpu.memory_bytes,
                                     step_time_s=seconds,
                                     est_runtime_s=seconds * job.training.train_steps,
+                                    peak_allocated_upper_bytes=upper_bytes(allocated, "max_allocated", fit),
+                                    peak_reserved_upper_bytes=upper_bytes(reserved, "max_reserved", fit),
+                                    device_used_upper_bytes=used_upper,
+                                    required_headroom_bytes=required,
                                 )
                             )
                 exhausted = len(plans) == fits_before
     if not plans and prune:
         # Nothing fits: search again for the least memory per GPU any configuration needs (for the error),
         # bounding by the best footprint found instead of the GPU's capacity.
-        return enumerate_plans(job, cluster, cuda=cuda, prune=False)
+        return enumerate_plans(job, cluster, cuda=cuda, prune=False, fit=fit, headroom=headroom)
     return PlanSearch(plans=rank_plans(plans), min_device_bytes=min_device, num_evaluated=evaluated)
 
 
@@ -429,9 +459,9 @@ class NoFeasiblePlan(ValueError):
     """A job fits no GPU type of the cluster, even at the largest parallelism tried."""
 
 
-def search_or_fail(job: JobSpec, cluster: ClusterSpec) -> PlanSearch:
+def search_or_fail(job: JobSpec, cluster: ClusterSpec, *, headroom: float | None = None) -> PlanSearch:
     """All plans; :class:`NoFeasiblePlan` naming the memory needed and the largest GPU when none fit."""
-    search = enumerate_plans(job, cluster)
+    search = enumerate_plans(job, cluster, headroom=headroom)
     if search.plans:
         return search
     largest = max(cluster.gpu_types(), key=lambda g: g.memory_bytes)
@@ -444,6 +474,7 @@ def search_or_fail(job: JobSpec, cluster: ClusterSpec) -> PlanSearch:
     gib = 2**30
     raise NoFeasiblePlan(
         f"job {job.name} fits no GPU type of cluster {cluster.name}: it needs at least "
-        f"{search.min_device_bytes / gib:.1f} GiB per GPU at the largest parallelism the cluster allows{pinned}; "
+        f"{search.min_device_bytes / gib:.1f} GiB per GPU (MARP's upper bound) at the largest parallelism the "
+        f"cluster allows{pinned}; "
         f"the largest GPU available is {largest.name} with {largest.memory_bytes / gib:.1f} GiB"
     )

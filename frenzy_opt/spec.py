@@ -39,6 +39,9 @@ class TrainingConfig:
     precision: str = "bf16"
     optimizer: str = "adamw"
     runtime: str = "megatron"
+    memory_headroom: float | None = None
+    """Fraction of each GPU's memory the planner keeps free beyond MARP's upper bound (None: the shipped
+    fit's default from cross-validation, :mod:`frenzy_opt.marp.fit`)."""
 
     def __post_init__(self) -> None:
         for name in ("seq_len", "micro_batch_size", "global_batch_size", "train_steps"):
@@ -46,6 +49,7 @@ class TrainingConfig:
         _check_choice("training.precision", self.precision, PRECISIONS)
         _check_choice("training.optimizer", self.optimizer, OPTIMIZERS)
         _check_choice("training.runtime", self.runtime, RUNTIMES)
+        check_headroom("training.memory_headroom", self.memory_headroom)
         if self.global_batch_size % self.micro_batch_size:
             raise ValueError(
                 f"training.global_batch_size ({self.global_batch_size}) must be a multiple of "
@@ -176,6 +180,14 @@ def default_zero_stage(runtime: str, dp: int) -> int:
     if runtime == "hf":
         return 0
     return 1 if dp > 1 else 0
+
+
+def check_headroom(name: str, value: object) -> None:
+    """A headroom is None or a fraction of GPU memory in [0, 0.9]."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= 0.9:
+        raise ValueError(f"{name} must be a fraction of GPU memory in [0, 0.9] or null, got {value!r}")
 
 
 def _check_positive_int(name: str, value: object) -> None:

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from frenzy_opt.gpus import lookup_gpu
 from frenzy_opt.marp.layout import state_layout
-from frenzy_opt.marp.predictor import CudaTerms, peak_stages, predict_memory, predict_peak
+from frenzy_opt.marp.predictor import DEFAULT_CUDA, peak_stages, predict_memory, predict_peak
 from frenzy_opt.marp.stages import chunk_layer_counts, in_flight_chunks, stage_shapes
 from frenzy_opt.spec import JobSpec, ParallelConfig, TrainingConfig, parse_job
 
@@ -83,12 +83,14 @@ def test_tied_embeddings_on_separate_stages_keep_a_copy() -> None:
 
 
 def test_cuda_terms_add_up() -> None:
-    cuda = CudaTerms()
+    cuda = DEFAULT_CUDA  # the shipped fit's terms
     prediction = predict_memory(_job(parallel={"tp": 2, "dp": 4, "zero_stage": 1}), lookup_gpu("H100-SXM5-80GB"))
     stage = prediction.stages[0]
     assert stage.peak_reserved_bytes == int(stage.peak_allocated_bytes * (1 + cuda.fragmentation))
     assert stage.device_used_bytes == sum(stage.breakdown.values())
     assert prediction.fits == (prediction.device_used_bytes <= prediction.capacity_bytes)
+    assert stage.device_used_upper_bytes >= stage.device_used_bytes
+    assert stage.peak_allocated_upper_bytes >= stage.peak_allocated_bytes
 
 
 def test_recompute_and_flash_trade_memory() -> None:

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from frenzy_opt.cluster import ClusterSpec, parse_cluster
 from frenzy_opt.gpus import lookup_gpu
+from frenzy_opt.marp.fit import SHIPPED_FIT
 from frenzy_opt.marp.predictor import predict_memory
 from frenzy_opt.plans import Plan, _configs_at, _dp_choices, _shapes, effective_precision, enumerate_plans, rank_plans
 from frenzy_opt.spec import JobSpec, parse_job
@@ -25,7 +26,8 @@ def _job(model: str, parallel: dict[str, object] | None = None, **training: obje
 
 
 def _brute_force(job: JobSpec, cluster: ClusterSpec) -> set[tuple[object, ...]]:
-    """Every valid candidate on every GPU, checked with the full per-stage predictor (no shortcuts)."""
+    """Every valid candidate on every GPU, checked with the full per-stage predictor (no shortcuts) against
+    the planner's rule: upper bound plus headroom within the GPU's memory."""
     found = set()
     for gpu in cluster.gpu_types():
         precision = effective_precision(gpu, job.training.precision)
@@ -35,7 +37,8 @@ def _brute_force(job: JobSpec, cluster: ClusterSpec) -> set[tuple[object, ...]]:
             for dp in _dp_choices(job, shape, max_gpus):
                 for parallel in _configs_at(job, shape, dp):
                     candidate = base.with_parallel(parallel, micro_batch_size=shape.micro_batch_size)
-                    if predict_memory(candidate, gpu).device_used_bytes <= gpu.memory_bytes:
+                    required = int(SHIPPED_FIT.headroom_fraction * gpu.memory_bytes)
+                    if predict_memory(candidate, gpu).device_used_upper_bytes + required <= gpu.memory_bytes:
                         found.add((gpu.name, parallel, shape.micro_batch_size))
     return found
 

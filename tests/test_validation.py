@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from frenzy_opt.marp.activations import native_operators
 from frenzy_opt.marp.predictor import predict_memory
 from frenzy_opt.validation.cases import CASES, Case
 from frenzy_opt.validation.harness import check_supported, measure
@@ -60,7 +61,8 @@ REAL_CASES = [
 @pytest.mark.parametrize("case", REAL_CASES, ids=[c.name for c in REAL_CASES])
 def test_real_execution_matches_fake_and_prediction(case: Case) -> None:
     job = case.job()
-    predicted = predict_memory(job, cuda=None)
+    with native_operators():
+        predicted = predict_memory(job, cuda=None)
     for stage in predicted.stages:
         real = measure(job, stage=stage.stage, fake=False)
         fake = measure(job, stage=stage.stage, fake=True)

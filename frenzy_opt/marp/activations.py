@@ -24,14 +24,33 @@ context parallelism divides the sequence by ``cp``. Full recompute keeps only ea
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
 from frenzy_opt.marp.layout import fp8_saves_fp8_inputs
 from frenzy_opt.models.arch import ModelArch
 from frenzy_opt.spec import ParallelConfig, TrainingConfig
+
+NATIVE_OPS: contextvars.ContextVar[bool] = contextvars.ContextVar("native_ops", default=False)
+"""True inside :func:`native_operators`: every runtime is priced with PyTorch-native operators (unfused
+SwiGLU, ``log_softmax`` + ``nll_loss``), as the reference decoder of :mod:`frenzy_opt.models.reference`
+runs them. The CPU harness (:mod:`frenzy_opt.validation.harness`) measures that decoder under a Megatron
+state layout, so its comparisons set this; real Megatron-core fuses both operators."""
+
+
+@contextlib.contextmanager
+def native_operators() -> Iterator[None]:
+    token = NATIVE_OPS.set(True)
+    try:
+        yield
+    finally:
+        NATIVE_OPS.reset(token)
+
 
 # int64 token ids and targets (PyTorch's index dtype for embedding and nll_loss).
 INDEX_BYTES = 8
@@ -83,7 +102,7 @@ def dims(arch: ModelArch, training: TrainingConfig, parallel: ParallelConfig) ->
         a_linear=1 if training.precision == "fp8" and fp8_saves_fp8_inputs(training.runtime) else a,
         sp=tp if parallel.sequence_parallel else 1,
         runtime=training.runtime,
-        fused_swiglu=training.runtime == "megatron",
+        fused_swiglu=training.runtime == "megatron" and not NATIVE_OPS.get(),
     )
 
 
@@ -126,12 +145,16 @@ def _attention_core_bytes(arch: ModelArch, x: Dims, attention: str, recompute: s
         return FP32 * x.b * x.heads * x.s
     probs = x.b * x.heads * x.s * x.s
     expanded_kv = 2 * x.a * x.tokens * (x.hq - x.hkv)
-    softmax = FP32 if x.a == FP32 or x.runtime == "hf" else x.a
+    native = NATIVE_OPS.get()
+    softmax = FP32 if x.a == FP32 or x.runtime == "hf" or native else x.a
     if arch.attention_dropout > 0:
         matmul_input = MASK + x.a
     else:
         matmul_input = 0 if softmax == x.a else x.a
-    return (softmax + matmul_input) * probs + expanded_kv
+    # The reference decoder builds its s x s boolean causal mask in each attention call; the runtimes keep
+    # one shared mask (Megatron) or none (flash kernels, Hugging Face's additive b x 1 x 1 x s mask).
+    causal_mask = x.s * x.s if native else 0
+    return (softmax + matmul_input) * probs + causal_mask + expanded_kv
 
 
 def _hidden_dropout_bytes(arch: ModelArch, x: Dims) -> int:
@@ -222,7 +245,7 @@ def loss_bytes(arch: ModelArch, training: TrainingConfig, parallel: ParallelConf
 def fused_cross_entropy(runtime: str) -> bool:
     """Megatron-core's vocab-parallel cross entropy (``_VocabParallelCrossEntropy``) works in place on the
     fp32 logits and saves their softmax; its backward turns that softmax into the gradient in place."""
-    return runtime == "megatron"
+    return runtime == "megatron" and not NATIVE_OPS.get()
 
 
 def loss_backward_transient_bytes(arch: ModelArch, training: TrainingConfig, parallel: ParallelConfig) -> int:
@@ -302,7 +325,7 @@ def activation_terms(arch: ModelArch, training: TrainingConfig, parallel: Parall
     each shape once."""
     p = parallel
     key = (arch, training.seq_len, training.micro_batch_size, training.precision, training.runtime, p.tp, p.cp, p.ep)
-    return _activation_terms((*key, p.sequence_parallel, p.recompute, p.attention))
+    return _activation_terms((*key, p.sequence_parallel, p.recompute, p.attention, NATIVE_OPS.get()))
 
 
 def activation_terms_for(
@@ -318,12 +341,12 @@ def activation_terms_for(
 ) -> ActivationTerms:
     """:func:`activation_terms` from the fields alone (no :class:`ParallelConfig` to build)."""
     key = (arch, training.seq_len, micro_batch_size, training.precision, training.runtime, tp, cp, ep, sp, recompute)
-    return _activation_terms((*key, "flash"))
+    return _activation_terms((*key, "flash", NATIVE_OPS.get()))
 
 
 @functools.lru_cache(maxsize=65536)
 def _activation_terms(key: tuple[Any, ...]) -> ActivationTerms:
-    arch, seq_len, mb, precision, runtime, tp, cp, ep, sp, recompute, attention = key
+    arch, seq_len, mb, precision, runtime, tp, cp, ep, sp, recompute, attention, _native = key
     training = replace(
         _CACHE_TRAINING,
         seq_len=seq_len,

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from frenzy_opt.gpus import GpuType
 from frenzy_opt.marp import activations as act
+from frenzy_opt.marp.fit import SHIPPED_FIT, MemoryFit
 from frenzy_opt.marp.layout import StateLayout, state_layout
 from frenzy_opt.marp.stages import chunk_layer_counts, in_flight_layer_microbatches
 from frenzy_opt.models.arch import ModelArch, layer_weight_shapes, shard_param_counts
@@ -50,7 +51,20 @@ class CudaTerms:
     nccl_channels: int = 16
 
 
-DEFAULT_CUDA = CudaTerms()
+def cuda_terms_of(fit: MemoryFit, family: str | None = None) -> CudaTerms:
+    """The CUDA-only terms of a fit: its fragmentation, and its nvidia-smi excess as the context term (the
+    fit measures context, workspaces and NCCL buffers together). Public defaults when nothing was fitted."""
+    if not fit.rows:
+        return CudaTerms()
+    return CudaTerms(
+        fragmentation=fit.fragmentation,
+        context_bytes=fit.context_of(family),
+        cublas_workspace_bytes=0,
+        nccl_buffer_bytes=0,
+    )
+
+
+DEFAULT_CUDA = cuda_terms_of(SHIPPED_FIT)
 STATE_COMPONENTS = ("weights", "grads", "master_weights", "optimizer_states", "weight_cache")
 
 
@@ -64,6 +78,11 @@ class StagePrediction:
     peak_allocated_bytes: int
     peak_reserved_bytes: int
     device_used_bytes: int
+    peak_allocated_upper_bytes: int = 0
+    peak_reserved_upper_bytes: int = 0
+    device_used_upper_bytes: int = 0
+    """Upper bounds: each total times the shipped fit's upper ratio (:mod:`frenzy_opt.marp.fit`), from the
+    leave-one-source-out validation on published measured runs (``frenzy validate memory``)."""
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -74,6 +93,9 @@ class StagePrediction:
             "peak_allocated_bytes": self.peak_allocated_bytes,
             "peak_reserved_bytes": self.peak_reserved_bytes,
             "device_used_bytes": self.device_used_bytes,
+            "peak_allocated_upper_bytes": self.peak_allocated_upper_bytes,
+            "peak_reserved_upper_bytes": self.peak_reserved_upper_bytes,
+            "device_used_upper_bytes": self.device_used_upper_bytes,
             "breakdown": dict(self.breakdown),
         }
 
@@ -98,9 +120,26 @@ class MemoryPrediction:
         return max(s.device_used_bytes for s in self.stages)
 
     @property
+    def peak_allocated_upper_bytes(self) -> int:
+        return max(s.peak_allocated_upper_bytes for s in self.stages)
+
+    @property
+    def peak_reserved_upper_bytes(self) -> int:
+        return max(s.peak_reserved_upper_bytes for s in self.stages)
+
+    @property
+    def device_used_upper_bytes(self) -> int:
+        return max(s.device_used_upper_bytes for s in self.stages)
+
+    @property
     def fits(self) -> bool | None:
         """Whether every stage's nvidia-smi footprint fits the GPU (None without a GPU)."""
         return None if self.capacity_bytes is None else self.device_used_bytes <= self.capacity_bytes
+
+    @property
+    def fits_upper(self) -> bool | None:
+        """Whether every stage's upper bound on the nvidia-smi footprint fits the GPU (the planner's test)."""
+        return None if self.capacity_bytes is None else self.device_used_upper_bytes <= self.capacity_bytes
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -335,7 +374,14 @@ def cuda_totals(
     return reserved, used
 
 
-def predict_stage(job: JobSpec, stage: int, cuda: CudaTerms | None, gpu: GpuType | None) -> StagePrediction:
+def upper_bytes(value: int, metric: str, fit: MemoryFit = SHIPPED_FIT) -> int:
+    """The upper bound of a predicted total (``metric`` one of :data:`frenzy_opt.marp.fit.METRICS`)."""
+    return math.ceil(value * fit.ratio(metric))
+
+
+def predict_stage(
+    job: JobSpec, stage: int, cuda: CudaTerms | None, gpu: GpuType | None, fit: MemoryFit = SHIPPED_FIT
+) -> StagePrediction:
     """One stage's peak and its named breakdown (see the module docstring for the phases)."""
     model = stage_model(job, stage)
     dp = job.parallel.dp
@@ -365,6 +411,9 @@ def predict_stage(job: JobSpec, stage: int, cuda: CudaTerms | None, gpu: GpuType
         peak_allocated_bytes=allocated,
         peak_reserved_bytes=reserved,
         device_used_bytes=used,
+        peak_allocated_upper_bytes=upper_bytes(allocated, "max_allocated", fit),
+        peak_reserved_upper_bytes=upper_bytes(reserved, "max_reserved", fit),
+        device_used_upper_bytes=upper_bytes(used, "device_used", fit),
     )
 
 

@@ -30,17 +30,16 @@ import math
 import re
 import statistics
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from frenzy_opt.marp.predictor import CudaTerms, MemoryPrediction, predict_memory
+from frenzy_opt.marp.fit import FIT_PATH, METRICS, MemoryFit, load_fit
+from frenzy_opt.marp.predictor import MemoryPrediction, cuda_terms_of, predict_memory
 from frenzy_opt.models.arch import ModelArch
 from frenzy_opt.spec import JobSpec, ParallelConfig, TrainingConfig, check_parallel, default_zero_stage
 
 GIB = 2**30
-METRICS = ("max_allocated", "max_reserved", "device_used")
-FIT_PATH = Path(__file__).resolve().parent.parent / "data" / "memory-fit.json"
 REQUIRED_COLUMNS = (
     "row_id", "source", "framework", "gpu", "num_layers", "hidden", "ffn_hidden", "num_heads", "num_kv_heads",
     "vocab", "seq_len", "micro_batch", "global_batch", "dp", "tp", "pp", "precision", "optimizer",
@@ -62,48 +61,6 @@ class MeasuredRun:
     last_rank: bool
     job: JobSpec | None
     skip_reason: str | None = None
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class MemoryFit:
-    """The parameters ``calibrate`` fits (see the module docstring); defaults are the public figures of
-    :class:`frenzy_opt.marp.predictor.CudaTerms` and no upper margin."""
-
-    fragmentation: float = CudaTerms().fragmentation
-    context_bytes: dict[str, int] = field(default_factory=dict)
-    """Memory beyond the allocator's segments on nvidia-smi, per GPU architecture family."""
-    default_context_bytes: int = CudaTerms().context_bytes
-    upper_ratio: dict[str, float] = field(default_factory=lambda: dict.fromkeys(METRICS, 1.0))
-    """Per metric, the largest measured / predicted ratio on the fitted rows."""
-    rows: int = 0
-
-    def cuda_terms(self, family: str) -> CudaTerms:
-        context = self.context_bytes.get(family, self.default_context_bytes)
-        # The fitted context term holds everything nvidia-smi adds (context, workspaces, NCCL buffers).
-        return CudaTerms(
-            fragmentation=self.fragmentation, context_bytes=context, cublas_workspace_bytes=0, nccl_buffer_bytes=0
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> MemoryFit:
-        return cls(
-            fragmentation=float(data["fragmentation"]),
-            context_bytes={k: int(v) for k, v in data["context_bytes"].items()},
-            default_context_bytes=int(data["default_context_bytes"]),
-            upper_ratio={k: float(v) for k, v in data["upper_ratio"].items()},
-            rows=int(data.get("rows", 0)),
-        )
-
-
-def load_fit(path: Path = FIT_PATH) -> MemoryFit:
-    """The shipped fit (``frenzy calibrate ../shared/calibration/memory-measured.csv --name memory``
-    rewrites it); the public defaults when no fit is shipped."""
-    if not path.exists():
-        return MemoryFit()
-    return MemoryFit.from_dict(json.loads(path.read_text(encoding="utf-8")))
 
 
 # --- reading the file ---------------------------------------------------------------------------------
@@ -354,7 +311,7 @@ class RowScore:
 
 def _prediction(run: MeasuredRun, fit: MemoryFit) -> MemoryPrediction:
     assert run.job is not None
-    return predict_memory(run.job, None, cuda=fit.cuda_terms(run.gpu_family))
+    return predict_memory(run.job, None, cuda=cuda_terms_of(replace(fit, rows=max(fit.rows, 1)), run.gpu_family))
 
 
 def _values(run: MeasuredRun, prediction: MemoryPrediction) -> tuple[int, int, int]:
@@ -539,3 +496,77 @@ def validate(path: str | Path, fitted: MemoryFit | None = None) -> Validation:
         in_sample=[score_run(r, fitted) for r in rows],
         held_out=cross_validate(runs),
     )
+
+
+def calibrate(path: str | Path) -> tuple[MemoryFit, Validation]:
+    """Fit on every usable row of ``path``; the default headroom is the largest shortfall of a held-out
+    measurement under its leave-one-source-out upper bound (0 when every bound held)."""
+    runs = read_measurements(path)
+    held_out = cross_validate(runs)
+    shortfall = max((s.measured_bytes / s.upper_bytes - 1 for s in held_out), default=0.0)
+    fitted = replace(fit(runs), headroom_fraction=round(max(shortfall, 0.0), 4), source=Path(path).name)
+    rows = usable(runs)
+    return fitted, Validation(runs=runs, fit=fitted, in_sample=[score_run(r, fitted) for r in rows], held_out=held_out)
+
+
+def write_fit(fitted: MemoryFit, path: Path = FIT_PATH) -> None:
+    path.write_text(json.dumps(fitted.to_dict(), indent=2, sort_keys=True) + "\n", encoding="utf-8")
+
+
+def _pct(value: float) -> str:
+    return "-" if math.isnan(value) else f"{100 * value:.1f} %"
+
+
+def render_markdown(result: Validation, command: str) -> str:
+    """``docs/marp-validation.md``: per source and per row, in sample and leave one source out."""
+    held = {s.row_id: s for s in result.held_out}
+    f = result.fit
+    lines = [
+        "# MARP against published measured runs",
+        "",
+        f"Generated by `{command}` (a command in this repository; rerun it to refresh this page). Each row is",
+        "scored on the metric its source measured (max_allocated, max_reserved or nvidia-smi used); accuracy",
+        "= 1 - |predicted - measured| / measured. **Cross-validated** = leave one source out: the fitted",
+        "parameters (fragmentation, nvidia-smi excess, upper ratio) refitted without the row's source.",
+        "",
+        f"Fit on all rows: fragmentation {f.fragmentation:.3f}, nvidia-smi excess "
+        f"{f.default_context_bytes / GIB:.2f} GiB, upper ratio {f.ratio('max_allocated'):.3f}, default headroom "
+        f"{100 * f.headroom_fraction:.1f} % of GPU memory.",
+        "",
+        "## Overall",
+        "",
+        "| | rows | mean accuracy | worst accuracy | under-predicted > 3 % | upper bound > 3 % under | bound holds |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for label, scores in (("in sample", result.in_sample), ("leave one source out", result.held_out)):
+        s = summarise(scores)
+        lines.append(
+            f"| {label} | {s.rows} | {_pct(s.mean_accuracy)} | {_pct(s.worst_accuracy)} | {s.under_predicted_3pct} "
+            f"| {s.upper_under_3pct} | {_pct(s.upper_coverage)} |"
+        )
+    lines += ["", "## By source (leave one source out)", "",
+              "| source | rows | mean accuracy | worst accuracy | under-predicted > 3 % | bound holds |",
+              "|---|---|---|---|---|---|"]  # fmt: skip
+    for source, s in by_source(result.held_out).items():
+        lines.append(
+            f"| {source} | {s.rows} | {_pct(s.mean_accuracy)} | {_pct(s.worst_accuracy)} | {s.under_predicted_3pct} "
+            f"| {_pct(s.upper_coverage)} |"
+        )
+    lines += ["", "## Rows", "",
+              "| row | source | metric | measured GiB | predicted GiB | error | cv error | upper GiB (cv) |",
+              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    by_id = {s.row_id: s for s in result.in_sample}
+    for run in result.runs:
+        score = by_id.get(run.row_id)
+        if score is None:
+            lines.append(
+                f"| {run.row_id} | {run.source[:40]} | {run.metric} | - | - | skipped: {run.skip_reason} | | |"
+            )
+            continue
+        cv = held[run.row_id]
+        lines.append(
+            f"| {run.row_id} | {run.source[:40]} | {run.metric} | {score.measured_bytes / GIB:.2f} "
+            f"| {score.predicted_bytes / GIB:.2f} | {100 * score.signed_error:+.1f} % | {100 * cv.signed_error:+.1f} % "
+            f"| {cv.upper_bytes / GIB:.2f} |"
+        )
+    return "\n".join(lines) + "\n"

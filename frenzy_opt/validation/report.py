@@ -1,6 +1,6 @@
 """Run the validation cases and write the MARP-vs-measured table (Markdown).
 
-    python -m frenzy_opt.validation.report --out docs/marp-validation.md          # FakeTensorMode
+    python -m frenzy_opt.validation.report --out docs/marp-harness.md          # FakeTensorMode
     python -m frenzy_opt.validation.report --real --cases small-base,small-tp2     # real CPU execution
 
 Each pipeline stage of each case is measured (peak tensor bytes under MemTracker) and predicted by MARP
@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from frenzy_opt.marp.activations import native_operators
 from frenzy_opt.marp.predictor import predict_memory
 from frenzy_opt.validation.cases import CASES, Case
 from frenzy_opt.validation.harness import measure
@@ -42,7 +43,8 @@ class Row:
 
 def run_case(case: Case, *, fake: bool = True) -> list[Row]:
     job = case.job()
-    prediction = predict_memory(job, cuda=None)
+    with native_operators():  # the harness runs the reference decoder's PyTorch-native operators
+        prediction = predict_memory(job, cuda=None)
     rows = []
     for stage in prediction.stages:
         start = time.perf_counter()
