@@ -77,6 +77,11 @@ class Dims:
     under fsdp2 keeps the 16-bit input: see :func:`frenzy_opt.marp.layout.fp8_saves_fp8_inputs`)."""
     sp: int
     """Divisor of the norm/residual region (tp with sequence parallelism, else 1)."""
+    sp_linear: int
+    """Divisor of the saved input of a column-parallel linear under sequence parallelism: Megatron-core saves
+    the sequence-sharded input and all-gathers it again in backward (Korthikanti et al. 2022, Sec. 4.2.2);
+    torchtitan's DTensor ``ColwiseParallel`` saves the all-gathered input (``SequenceParallel`` norms ahead
+    of ``input_layouts=Shard(1)``), so its divisor is 1."""
     runtime: str
     fused_swiglu: bool
     """Megatron-core fuses SwiGLU (saves gate and up only); PyTorch-native models (torchtitan, HF) keep
@@ -101,6 +106,7 @@ def dims(arch: ModelArch, training: TrainingConfig, parallel: ParallelConfig) ->
         a=a,
         a_linear=1 if training.precision == "fp8" and fp8_saves_fp8_inputs(training.runtime) else a,
         sp=tp if parallel.sequence_parallel else 1,
+        sp_linear=tp if parallel.sequence_parallel and training.runtime != "fsdp2" else 1,
         runtime=training.runtime,
         fused_swiglu=training.runtime == "megatron" and not NATIVE_OPS.get(),
     )
@@ -185,7 +191,7 @@ def mlp_part_bytes(arch: ModelArch, training: TrainingConfig, parallel: Parallel
     x = dims(arch, training, parallel)
     if arch.is_moe:
         return _moe_bytes(arch, x, parallel)
-    return x.a_linear * x.tokens * x.h // x.sp + _mlp_bytes(arch, x, x.tokens, x.ffn)
+    return x.a_linear * x.tokens * x.h // x.sp_linear + _mlp_bytes(arch, x, x.tokens, x.ffn)
 
 
 def layer_bytes(arch: ModelArch, training: TrainingConfig, parallel: ParallelConfig) -> int:
@@ -199,7 +205,7 @@ def layer_bytes(arch: ModelArch, training: TrainingConfig, parallel: ParallelCon
     out = x.a_linear * x.tokens * x.hq  # attention output, the input of the output projection
     attention = (
         _norm_bytes(arch, x)
-        + x.a_linear * x.tokens * x.h // x.sp
+        + x.a_linear * x.tokens * x.h // x.sp_linear
         + qkv
         + out
         + _attention_core_bytes(arch, x, parallel.attention, parallel.recompute)
