@@ -168,7 +168,8 @@ def test_megatron_dp_trace() -> None:
     ("arch", "parallel"),
     [(TINY, dict(dp=1)), (TINY, dict(dp=2, tp=2, zero_stage=1)), (TINY, dict(tp=2, sequence_parallel=True)),
      (TINY, dict(pp=2, dp=2)), (TINY, dict(cp=2)), (TINY, dict(dp=2, recompute="full")),
-     (TINY, dict(dp=2, recompute="selective", attention="eager"))],
+     (TINY, dict(dp=2, recompute="selective", attention="eager")), (TINY_MOE, dict(dp=2, ep=2)),
+     (TINY_MOE, dict(dp=2, tp=2, ep=2, sequence_parallel=True))],
 )  # fmt: skip
 def test_megatron_layouts(arch: ModelArch, parallel: dict[str, object]) -> None:
     result = trace_job(_job("megatron", arch, **parallel))
@@ -180,6 +181,23 @@ def test_megatron_full_recompute_saves_memory() -> None:
     full = trace_job(_job("megatron", dp=2, recompute="full")).stages[0]
     assert full.model_state_bytes == none.model_state_bytes
     assert full.peak_allocated_bytes < none.peak_allocated_bytes
+
+
+@pytest.mark.parametrize(
+    ("runtime", "parallel"),
+    [("megatron", dict(dp=2, tp=2, zero_stage=1)), ("fsdp2", dict(dp=2, tp=2))]
+    + [pytest.param("megatron", dict(pp=2), marks=pytest.mark.slow),
+       pytest.param("fsdp2", dict(pp=2, dp=2), marks=pytest.mark.slow)],
+)  # fmt: skip
+def test_runtime_fake_trace_equals_real_execution(runtime: str, parallel: dict[str, object]) -> None:
+    """The whole runtime step executed for real on the CPU records the peak the fake trace records (up to a
+    few scalars FakeTensorMode keeps differently)."""
+    job = _job(runtime, **parallel)
+    fake, real = trace_job(job, fake=True), trace_job(job, fake=False)
+    for f, r in zip(fake.stages, real.stages, strict=True):
+        assert abs(f.peak_allocated_bytes - r.peak_allocated_bytes) <= 64
+        assert abs(f.model_state_bytes - r.model_state_bytes) <= 64
+        assert f.peak_phase == r.peak_phase
 
 
 def test_trace_job_rejects_other_runtimes() -> None:

@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.overrides import TorchFunctionMode
 
 from frenzy_opt.spec import JobSpec
 from frenzy_opt.tracing import common
@@ -183,14 +184,60 @@ def cpu_as_cuda() -> Iterator[None]:
 
     if hasattr(rotary_pos_embedding, "get_pos_emb_on_this_cp_rank"):
         patches[(rotary_pos_embedding, "get_pos_emb_on_this_cp_rank")] = pos_emb_on_cp_rank
+    from megatron.core.transformer.moe import moe_utils
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        # megatron-core 0.16.1 bug: moe_utils imports te_general_gemm only when Transformer Engine is there,
+        # but RouterGatingLinearFunction tests ``te_general_gemm is not None`` (moe_utils.py line 1192):
+        # a NameError without TE. None selects its torch.mm fallback.
+        moe_utils.te_general_gemm = None
+        restore_moe = True
+    else:
+        restore_moe = False
+    from megatron.core.transformer.moe import experts as moe_experts
+
+    original_sequential_forward = moe_experts.SequentialMLP.forward
+
+    class _EqualSplits:
+        def __init__(self, total: int, parts: int) -> None:
+            self.splits = [total // parts] * parts
+
+        def tolist(self) -> list[int]:
+            return self.splits
+
+    def sequential_forward(self: Any, hidden: torch.Tensor, tokens_per_expert: Any, probs: torch.Tensor) -> Any:
+        # Drop-and-pad routing gives every local expert the same token count; the counts are a fake
+        # tensor here, so the split SequentialMLP reads with .tolist() is given by the shapes.
+        if self.num_local_experts > 1:
+            tokens_per_expert = _EqualSplits(hidden.shape[0], self.num_local_experts)
+        return original_sequential_forward(self, hidden, tokens_per_expert, probs)
+
+    patches[(moe_experts.SequentialMLP, "forward")] = sequential_forward
     saved = {key: getattr(*key) for key in patches}
+    remap = _CudaToCpu()
     for (obj, name), value in patches.items():
         setattr(obj, name, value)
+    remap.__enter__()
     try:
         yield
     finally:
+        remap.__exit__(None, None, None)
         for (obj, name), value in saved.items():
             setattr(obj, name, value)
+        if restore_moe:
+            del moe_utils.te_general_gemm
+
+
+class _CudaToCpu(TorchFunctionMode):  # type: ignore[misc]
+    """Factories called with ``device="cuda"`` (Megatron's optimizer scalars, ``torch.cuda.current_device()``
+    indices) make CPU tensors."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        device = kwargs.get("device")
+        if device is not None and (device == "cuda" or str(device).startswith("cuda") or isinstance(device, int)):
+            kwargs = {**kwargs, "device": "cpu"}
+        return func(*args, **kwargs)
 
 
 def _flash_core_attention_cls() -> type:
@@ -285,6 +332,10 @@ def transformer_config(job: JobSpec, recompute: str) -> Any:
             moe_grouped_gemm=False,
             moe_permute_fusion=False,
             moe_router_dtype="fp32",
+            # Routed token counts are data-dependent shapes, which fake tensors cannot take: experts run at
+            # capacity ceil(top_k * tokens / experts), padded (Megatron's drop-and-pad mode).
+            moe_expert_capacity_factor=1.0,
+            moe_pad_expert_input_to_capacity=True,
         )
     if recompute == "full":
         kwargs.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
@@ -300,7 +351,13 @@ def _rank_of_stage(job: JobSpec, stage: int) -> int:
 
 
 def trace_stage(
-    job: JobSpec, stage: int, *, steps: int = 2, opts: McoreOptions | None = None, max_microbatches: int | None = None
+    job: JobSpec,
+    stage: int,
+    *,
+    steps: int = 2,
+    opts: McoreOptions | None = None,
+    max_microbatches: int | None = None,
+    fake: bool = True,
 ) -> common.StageTrace:
     """Build pipeline stage ``stage``'s rank on megatron-core and record ``steps`` training steps."""
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -334,8 +391,9 @@ def trace_stage(
         with contextlib.suppress(Exception):
             model_parallel_cuda_manual_seed(1234)
         stack.enter_context(common.real_device_meshes())
-        stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
-        stack.enter_context(common.FakeScalars())
+        if fake:  # fake=False executes for real (small models: the check that the fake trace is right)
+            stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
+            stack.enter_context(common.FakeScalars())
         recorder = AllocationRecorder("setup")
         with recorder, common.phase_hooks(recorder) as set_phase:
             model, optimizer, config = _build(job, stage, recompute, attention, opts)

@@ -25,6 +25,7 @@ def trace_job(
     steps: int = 2,
     max_microbatches: int | None = None,
     options: object | None = None,
+    fake: bool = True,
 ) -> TraceResult:
     """Run ``steps`` training steps of ``job`` on its runtime's own code under ``FakeTensorMode`` and fake
     process groups, one rank (dp/tp/cp/ep rank 0) per traced pipeline stage, recording every storage
@@ -34,6 +35,7 @@ def trace_job(
     ``TitanOptions``), "megatron" runs megatron-core 0.16.1 (:mod:`frenzy_opt.tracing.mcore`, ``options`` a
     ``McoreOptions``). A step runs ``min(micro-batches per step, max_microbatches or pp + 1)`` micro-batches:
     the peak repeats after the first one without pipelining and after 1F1B's warm-up with it.
+    ``fake=False`` executes the step for real on the CPU (small models only): the same events must come out.
     """
     runtime = job.training.runtime
     results: list[StageTrace] = []
@@ -42,13 +44,13 @@ def trace_job(
             from frenzy_opt.tracing import titan
 
             results.append(
-                titan.trace_stage(job, s, steps=steps, opts=options, max_microbatches=max_microbatches)  # type: ignore[arg-type]
+                titan.trace_stage(job, s, steps=steps, opts=options, max_microbatches=max_microbatches, fake=fake)  # type: ignore[arg-type]
             )
         elif runtime == "megatron":
             from frenzy_opt.tracing import mcore
 
             results.append(
-                mcore.trace_stage(job, s, steps=steps, opts=options, max_microbatches=max_microbatches)  # type: ignore[arg-type]
+                mcore.trace_stage(job, s, steps=steps, opts=options, max_microbatches=max_microbatches, fake=fake)  # type: ignore[arg-type]
             )
         else:
             raise ValueError(f"trace_job: training.runtime must be one of {', '.join(TRACE_RUNTIMES)}, got {runtime!r}")
