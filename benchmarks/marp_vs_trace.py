@@ -40,6 +40,10 @@ SHAPES = {
     "8b-4L": ModelArch(name="8b-4L", num_layers=4, hidden_size=4096, ffn_hidden_size=14336, num_attention_heads=32,
                        num_kv_heads=8, vocab_size=128256),
 }  # fmt: skip
+MOE = ModelArch(name="moe-8x", num_layers=4, hidden_size=1024, ffn_hidden_size=2816, num_attention_heads=16,
+                num_kv_heads=8, vocab_size=32000, num_experts=8, moe_top_k=2, moe_ffn_hidden_size=1408)  # fmt: skip
+MOE_VARIANTS = [dict(dp=2), dict(dp=2, ep=2), dict(dp=4, ep=4), dict(dp=4, ep=2, tp=2, sequence_parallel=True),
+                dict(dp=2, ep=2, recompute="full"), dict(dp=2, ep=2, pp=2)]  # fmt: skip
 
 BASE = {"fsdp2": dict(zero_stage=3), "megatron": dict(zero_stage=1)}
 VARIANTS: list[tuple[dict[str, Any], dict[str, Any]]] = [
@@ -80,6 +84,12 @@ def grid(runtime: str, quick: bool) -> list[JobSpec]:
     if runtime == "megatron" and not quick:
         jobs += [replace(j, parallel=replace(j.parallel, attention="eager"), name=j.name + ",attention=eager")
                  for j in jobs if "m-1024" in j.name][:4]  # fmt: skip
+        train = TrainingConfig(seq_len=512, micro_batch_size=1, global_batch_size=16, runtime=runtime)
+        for parallel in MOE_VARIANTS:
+            name = "megatron/moe-8x/" + ",".join(f"{k}={v}" for k, v in sorted(parallel.items()))
+            jobs.append(
+                JobSpec(name=name, model=MOE, training=train, parallel=ParallelConfig(zero_stage=1, **parallel))
+            )
     return jobs
 
 

@@ -234,3 +234,55 @@ def real_device_meshes() -> Iterator[None]:
         yield
     finally:
         DeviceMesh.__init__ = original  # type: ignore[method-assign]
+
+
+class _FusedRMSNorm(torch.autograd.Function):
+    """RMSNorm keeping what a fused kernel keeps for backward (apex/TE ``FusedRMSNorm``, torch's CUDA
+    ``_fused_rms_norm``): the input and the fp32 reciprocal RMS. On the CPU ``F.rms_norm`` decomposes into
+    ``x.float()``, ``x²``, ``x·rstd`` and ``·weight`` and autograd keeps those intermediates."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor | None, eps: float, ndim: int) -> torch.Tensor:
+        dims = tuple(range(x.dim() - ndim, x.dim()))
+        xf = x.float()
+        rstd = torch.rsqrt(xf.pow(2).mean(dims, keepdim=True) + eps)
+        y = xf * rstd
+        if weight is not None:
+            y = y * weight.float()
+        ctx.save_for_backward(x, weight, rstd)
+        ctx.dims = dims
+        return y.to(x.dtype)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        x, weight, rstd = ctx.saved_tensors
+        x_hat = x.float() * rstd
+        g = grad.float()
+        grad_w = None
+        if weight is not None:
+            reduce = tuple(range(x.dim() - len(ctx.dims)))
+            grad_w = (g * x_hat).sum(reduce).to(weight.dtype)
+            g = g * weight.float()
+        grad_x = rstd * (g - x_hat * (g * x_hat).mean(ctx.dims, keepdim=True))
+        return grad_x.to(x.dtype), grad_w, None, None
+
+
+@contextlib.contextmanager
+def fused_rms_norm() -> Iterator[None]:
+    """``torch.nn.functional.rms_norm`` (what ``torch.nn.RMSNorm`` calls) as a fused kernel saves it."""
+    import torch.nn.functional as F
+
+    original = F.rms_norm
+
+    def rms_norm(x: torch.Tensor, normalized_shape: Any, weight: torch.Tensor | None = None,
+                 eps: float | None = None) -> torch.Tensor:  # fmt: skip
+        ndim = 1 if isinstance(normalized_shape, int) else len(normalized_shape)
+        if eps is None:
+            eps = torch.finfo(x.dtype).eps
+        return _FusedRMSNorm.apply(x, weight, eps, ndim)  # type: ignore[no-any-return]
+
+    F.rms_norm = rms_norm
+    try:
+        yield
+    finally:
+        F.rms_norm = original

@@ -213,6 +213,16 @@ def cpu_as_cuda() -> Iterator[None]:
         return original_sequential_forward(self, hidden, tokens_per_expert, probs)
 
     patches[(moe_experts.SequentialMLP, "forward")] = sequential_forward
+    from megatron.core.fusions import fused_bias_swiglu
+
+    for name in ("swiglu", "bias_swiglu", "weighted_swiglu", "swiglu_back", "bias_swiglu_back",
+                 "weighted_swiglu_back"):  # fmt: skip
+        # The jit-fused SwiGLU kernels (torch.compile at import) run eagerly inside their autograd Functions:
+        # the same saved tensor (the FC1 output), no compilation of fake tensors.
+        fn = getattr(fused_bias_swiglu, name, None)
+        eager = getattr(fn, "_torchdynamo_orig_callable", None) or getattr(fn, "__wrapped__", None)
+        if eager is not None:
+            patches[(fused_bias_swiglu, name)] = eager
     saved = {key: getattr(*key) for key in patches}
     remap = _CudaToCpu()
     for (obj, name), value in patches.items():
@@ -314,7 +324,8 @@ def transformer_config(job: JobSpec, recompute: str) -> Any:
         perform_initialization=False,
         gradient_accumulation_fusion=False,
         masked_softmax_fusion=False,
-        bias_activation_fusion=False,
+        # Megatron-LM's --swiglu turns the fused bias-SwiGLU on (it keeps only the FC1 output for backward).
+        bias_activation_fusion=arch.mlp == "swiglu",
         bias_dropout_fusion=False,
         persist_layer_norm=False,
         apply_rope_fusion=False,
@@ -391,6 +402,7 @@ def trace_stage(
         with contextlib.suppress(Exception):
             model_parallel_cuda_manual_seed(1234)
         stack.enter_context(common.real_device_meshes())
+        stack.enter_context(common.fused_rms_norm())
         if fake:  # fake=False executes for real (small models: the check that the fake trace is right)
             stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
             stack.enter_context(common.FakeScalars())
@@ -460,9 +472,22 @@ def _build(job: JobSpec, stage: int, recompute: str, attention: str, opts: Mcore
         clip_grad=1.0,
     )
     optimizer = get_megatron_optimizer(opt_config, [ddp], use_gloo_process_groups=False)
+    _fuse_torch_adam(optimizer)
     config.finalize_model_grads_func = finalize_model_grads
     config.no_sync_func = ddp.no_sync
     return ddp, optimizer, config
+
+
+def _fuse_torch_adam(optimizer: Any) -> None:
+    """Without TE/apex, megatron-core builds ``torch.optim.AdamW`` (``USING_PYTORCH_OPTIMIZER``): for-loop
+    on CPU tensors, foreach on CUDA ones, both with sqrt/div temporaries of a parameter (for-loop) or of the
+    whole group (foreach). TE's/apex's FusedAdam, which a GPU run uses, updates in place: the torch AdamW's
+    groups are switched to its fused kernel (in place, on the CPU too)."""
+    for chained in getattr(optimizer, "chained_optimizers", [optimizer]):
+        inner = getattr(chained, "optimizer", None)
+        if isinstance(inner, torch.optim.AdamW | torch.optim.Adam):
+            for group in inner.param_groups:
+                group["fused"], group["foreach"] = True, False
 
 
 def _train_step(job: JobSpec, model: Any, optimizer: Any, config: Any, microbatches: int, counter: dict[str, int],

@@ -271,6 +271,7 @@ def trace_stage(
         if p.pp > 1:
             assert parallel_dims.get_mesh("pp").get_local_rank() == stage
         stack.enter_context(common.real_device_meshes())
+        stack.enter_context(common.fused_rms_norm())
         if fake:  # fake=False executes for real (small models: the check that the fake trace is right)
             stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
             stack.enter_context(common.FakeScalars())
