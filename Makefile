@@ -6,11 +6,13 @@ STAMP := $(VENV)/.deps-installed
 
 .PHONY: run test install lint typecheck pytest bench validate calibrate clean
 
+# The development environment includes the validate extra (torchtitan, megatron-core: the trace path and its
+# tests); `pip install frenzy-opt` alone stays light.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "torch==2.13.0"
-	$(BIN)/pip install -q -e ".[dev]" --config-settings editable_mode=strict
+	$(BIN)/pip install -q "torch==2.13.0" -e ".[dev,validate]" --config-settings editable_mode=strict
 	touch $(STAMP)
 
 # The strict editable install is a link tree: re-running it picks up new modules (about 2 s).

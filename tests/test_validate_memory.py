@@ -106,3 +106,23 @@ def test_calibrate_writes_a_fit_that_loads_back(tmp_path: Path, capsys: pytest.C
     loaded = load_fit(target)
     fitted, _ = calibrate(OWN)
     assert loaded == fitted and loaded.rows == 6
+
+
+@pytest.mark.slow
+def test_predict_trace_prints_both_paths(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("torchtitan", reason="the trace path needs the validate extra (torchtitan)")
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps({
+        "name": "trace-small",
+        "model": {"num_layers": 2, "hidden_size": 256, "ffn_hidden_size": 704, "num_attention_heads": 4,
+                  "num_kv_heads": 2, "vocab_size": 2048},
+        "training": {"seq_len": 256, "micro_batch_size": 2, "global_batch_size": 4, "runtime": "fsdp2"},
+        "parallel": {"dp": 2, "zero_stage": 3},
+    }), encoding="utf-8")  # fmt: skip
+    assert main(["predict", str(job), "--gpu", "H100-SXM5-80GB", "--trace", "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    traced = payload["trace"]["stages"][0]
+    assert payload["trace"]["runtime"] == "fsdp2" and traced["peak_allocated_bytes"] > 0
+    # The allocator model never reserves less than the allocated peak it replays.
+    assert traced["replayed_peak_reserved_bytes"] >= traced["replayed_peak_allocated_bytes"] > 0
+    assert payload["peak_allocated_upper_bytes"] >= payload["peak_allocated_bytes"] > 0
