@@ -19,6 +19,7 @@ import platform
 import sys
 import time
 import traceback
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from frenzy_opt.marp.predictor import predict_memory
 from frenzy_opt.models.arch import ModelArch
 from frenzy_opt.spec import JobSpec, ParallelConfig, TrainingConfig
 from frenzy_opt.tracing import trace_job
+from frenzy_opt.tracing.common import live_blocks_at_end
 
 MIB = 2**20
 
@@ -93,6 +95,17 @@ def grid(runtime: str, quick: bool) -> list[JobSpec]:
     return jobs
 
 
+def top_transients(trace: Any, n: int = 6) -> list[tuple[str, float, int]]:
+    """The largest groups of blocks alive at the peak that are not model states: (phase made, MiB, count)."""
+    end = live_blocks_at_end(trace)
+    groups: Counter[tuple[str, int]] = Counter()
+    for block, size in trace.peak_live.items():
+        if block not in end:
+            groups[(trace.block_phase.get(block, "").split(":")[0], size)] += 1
+    ranked = sorted(groups.items(), key=lambda kv: -kv[0][1] * kv[1])[:n]
+    return [(phase, round(size / MIB, 2), count) for (phase, size), count in ranked]
+
+
 def compare(job: JobSpec) -> list[dict[str, Any]]:
     trace = trace_job(job)
     pred = predict_memory(job, None, cuda=None)
@@ -110,6 +123,7 @@ def compare(job: JobSpec) -> list[dict[str, Any]]:
             "trace_setup": st.setup_bytes,
             "trace_components": st.components, "marp_breakdown": b,
             "microbatches": st.microbatches,
+            "top_transients": top_transients(st.trace),
         })  # fmt: skip
     return rows
 

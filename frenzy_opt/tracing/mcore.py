@@ -223,6 +223,20 @@ def cpu_as_cuda() -> Iterator[None]:
         eager = getattr(fn, "_torchdynamo_orig_callable", None) or getattr(fn, "__wrapped__", None)
         if eager is not None:
             patches[(fused_bias_swiglu, name)] = eager
+    import megatron.core.optimizer.optimizer as mcore_opt
+
+    def tensor_scale(chunk_size: int, noop_flag: Any, tensor_lists: Any, scale: float) -> None:
+        # Megatron's no-apex fallback (utils.local_multi_tensor_scale) writes dst.copy_(src * scale): an
+        # fp32 temporary of each parameter (the embedding's is the largest) while main params are copied to
+        # the model params. TE's/apex's multi_tensor_scale writes dst directly, as here.
+        for src, dst in zip(tensor_lists[0], tensor_lists[1], strict=True):
+            dst.copy_(src)
+            if scale != 1.0:
+                dst.mul_(scale)
+
+    patches[(mcore_opt, "multi_tensor_scale_impl")] = tensor_scale
+    if hasattr(clip_grads, "multi_tensor_scale_impl"):
+        patches[(clip_grads, "multi_tensor_scale_impl")] = tensor_scale
     saved = {key: getattr(*key) for key in patches}
     remap = _CudaToCpu()
     for (obj, name), value in patches.items():
