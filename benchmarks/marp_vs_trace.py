@@ -156,8 +156,9 @@ def write(rows: list[dict[str, Any]], failures: list[tuple[str, str]], out: Path
             f"worst {worst['gap']:+.1%} ({worst['job']} stage {worst['stage']})",
             "",
             "| config | stage | trace MiB | MARP MiB | gap | trace phase | MARP phase | trace states MiB | "
-            "MARP states MiB | trace rest: fwd / bwd / other MiB | MARP rest: act / logits / comm / temp MiB |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
+            "MARP states MiB | trace rest: fwd / bwd / other MiB | MARP rest: act / logits / comm / temp MiB | "
+            "largest transients at the trace peak (phase made: MiB x count) |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in rr:
             c, b = r["trace_components"], r["marp_breakdown"]
@@ -167,17 +168,19 @@ def write(rows: list[dict[str, Any]], failures: list[tuple[str, str]], out: Path
                 f"{mib(r['marp_states'])} | {mib(c['forward'])} / {mib(c['backward'])} / "
                 f"{mib(c['other'] + c['communication_buffers'] + c['model_states'] - r['trace_states'])} | "
                 f"{mib(b['activations'])} / {mib(b['logits_and_loss'])} / {mib(b['communication_buffers'])} / "
-                f"{mib(b['temporaries'])} |"
+                f"{mib(b['temporaries'])} | "
+                + ", ".join(f"{ph}: {size:g} x{n}" for ph, size, n in r.get("top_transients", [])[:4])
+                + " |"
             )
         lines.append("")
     if failures:
         lines += ["## Configurations that did not trace", ""]
         lines += [f"- {name}: `{err}`" for name, err in failures]
         lines.append("")
-    findings = Path(__file__).with_name("marp_vs_trace_findings.md")
-    if findings.exists():
-        lines.append(findings.read_text())
-    out.write_text("\n".join(lines) + "\n")
+    # The hand-written analysis below the marker survives a rerun.
+    marker = "<!-- findings -->"
+    kept = out.read_text().split(marker, 1)[1] if out.exists() and marker in out.read_text() else "\n"
+    out.write_text("\n".join(lines) + "\n" + marker + kept)
 
 
 def main(argv: list[str] | None = None) -> int:
