@@ -139,8 +139,13 @@ def write(rows: list[dict[str, Any]], failures: list[tuple[str, str]], out: Path
         f"Command: `{command}`  ",
         f"Machine: {platform.machine()} {platform.system()}, Python {platform.python_version()}, CPU only "
         f"(FakeTensorMode: no tensor memory is allocated); {elapsed:.0f} s wall.  ",
-        "Runtimes: torchtitan 0.3.0 (fsdp2), megatron-core 0.16.1 (megatron, local spec). MARP: "
-        "`predict_memory(job, None, cuda=None)` (CUDA-only terms off). gap = (MARP - trace) / trace.",
+        "Runtimes: torchtitan 0.3.0 (fsdp2), megatron-core 0.16.1 (megatron, local spec), torch 2.13.0 (CPU). "
+        f"MARP: `predict_memory(job, None, cuda=None)` (CUDA-only terms off) at {_marp_version()}. "
+        "gap = (MARP - trace) / trace; MiB = 2^20 bytes. Per stage: the trace's peak and its phase "
+        "(`forward:<mb>`, `backward:<mb>`, `optimizer`, `setup`), the model states (live bytes after the last "
+        "step vs MARP's weights + grads + master + optimizer states), what else is alive at the peak by the "
+        "phase it was made in (fwd = activations and loss tensors, bwd = gradients and backward temporaries, "
+        "other = setup/optimizer transients) vs MARP's named terms of its peak phase.",
         "",
     ]
     for runtime in ("fsdp2", "megatron"):
@@ -181,6 +186,20 @@ def write(rows: list[dict[str, Any]], failures: list[tuple[str, str]], out: Path
     marker = "<!-- findings -->"
     kept = out.read_text().split(marker, 1)[1] if out.exists() and marker in out.read_text() else "\n"
     out.write_text("\n".join(lines) + "\n" + marker + kept)
+
+
+def _marp_version() -> str:
+    import subprocess
+
+    root = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()  # fmt: skip
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "frenzy_opt/marp", "models"],
+                               capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return "an unknown commit"
+    return f"commit {head}" + (" (with uncommitted MARP changes)" if dirty else "")
 
 
 def main(argv: list[str] | None = None) -> int:

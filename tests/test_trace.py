@@ -204,3 +204,16 @@ def test_runtime_fake_trace_equals_real_execution(runtime: str, parallel: dict[s
 def test_trace_job_rejects_other_runtimes() -> None:
     with pytest.raises(ValueError, match="runtime"):
         trace_job(_job("hf"))
+
+
+def test_recorder_ignores_meta_tensors() -> None:
+    with FakeTensorMode():
+        recorder = AllocationRecorder()
+        with recorder:
+            with torch.device("meta"):
+                lin = torch.nn.Linear(256, 256)
+            weights = [torch.empty_like(p, device="cpu") for p in lin.parameters()]
+            del lin
+        trace = recorder.trace()
+        del weights
+    assert trace.peak_bytes == trace.end_bytes == (256 * 256 + 256) * 4

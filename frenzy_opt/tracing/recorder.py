@@ -157,7 +157,10 @@ class AllocationRecorder(TorchDispatchMode):  # type: ignore[misc]
             self.live_bytes -= size
 
     def track(self, t: torch.Tensor) -> None:
-        """Register the storages of ``t`` (a no-op for storages already known)."""
+        """Register the storages of ``t`` (a no-op for storages already known). Meta-device tensors (a model
+        built on ``torch.device("meta")`` before ``to_empty``) hold no memory and are not tracked."""
+        if t.device.type == "meta":
+            return
         for st in get_untyped_storages(t):
             entry = self._blocks.get(st)
             if entry is None:
