@@ -236,7 +236,7 @@ def real_device_meshes() -> Iterator[None]:
         DeviceMesh.__init__ = original  # type: ignore[method-assign]
 
 
-class _FusedRMSNorm(torch.autograd.Function):
+class _FusedRMSNorm(torch.autograd.Function):  # type: ignore[misc]
     """RMSNorm keeping what a fused kernel keeps for backward (apex/TE ``FusedRMSNorm``, torch's CUDA
     ``_fused_rms_norm``): the input and the fp32 reciprocal RMS. On the CPU ``F.rms_norm`` decomposes into
     ``x.float()``, ``x²``, ``x·rstd`` and ``·weight`` and autograd keeps those intermediates."""
@@ -281,7 +281,7 @@ def fused_rms_norm() -> Iterator[None]:
             eps = torch.finfo(x.dtype).eps
         return _FusedRMSNorm.apply(x, weight, eps, ndim)  # type: ignore[no-any-return]
 
-    F.rms_norm = rms_norm
+    F.rms_norm = rms_norm  # type: ignore[assignment]
     try:
         yield
     finally:
