@@ -18,7 +18,8 @@ Parallelism, on a device mesh ``(pp, dp, tp)`` (``torch.distributed.device_mesh`
   DTensor modules fails); 1: DDP + ``ZeroRedundancyOptimizer`` (optimizer states sharded; ZeRO-1); 2: FSDP2
   ``fully_shard(reshard_after_forward=False)`` (gradients and optimizer states sharded, weights kept between
   forward and backward; ZeRO-2); 3: FSDP2 ``fully_shard`` (everything sharded; ZeRO-3). FSDP2 composes with tp
-  on the 2-D ``(dp, tp)`` mesh (HSDP-style), not with pp here.
+  on the 2-D ``(dp, tp)`` mesh (HSDP-style) and with pp as torchtitan runs it: ``fully_shard`` on each block
+  and on each pipeline chunk over its stage's dp slice of the mesh, the pipeline schedule across pp.
 * **recompute** — the reference decoder's activation checkpointing (selective: attention core; full: every
   block). **Micro-batching** — ``global_batch = micro_batch x num_micro x dp``; gradients accumulate over the
   micro-batches (the pipeline schedule does it for pp > 1).
@@ -31,6 +32,17 @@ complete checkpoint. Rank 0 writes one JSON line per step to ``--report`` (loss 
 batch, step time, tokens per second) and, once, every rank's measured peak memory: ``torch.cuda``'s peak
 allocated bytes on GPU, MemTracker's peak of live tensor storage on CPU (the measurement the MARP validation
 uses). Backend: nccl with CUDA, gloo without.
+
+Several plans of one world size can be trained one after another in one process group (``--plan`` holding a
+list): every report line then carries ``run``, the plan's index.
+
+Teardown: every layout ends with its pending communication waited for and a barrier, then every reference
+this rank holds to its model, optimizer, pipeline and device mesh dropped (with the DTensor caches that keep
+meshes alive) and the mesh's process groups destroyed; the run ends with a barrier and the default group
+destroyed. A gloo process group's worker and transport threads stop only when its last reference goes, so a
+group that outlived ``destroy_process_group`` would be torn down during interpreter finalization, racing the
+peers' exits (``terminate called without an active exception``); the worker checks that no gloo thread is
+left and says so on stderr otherwise.
 """
 
 from __future__ import annotations
@@ -38,11 +50,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import dataclasses
+import gc
+import importlib
 import json
 import math
 import os
 import resource
+import sys
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -77,7 +95,10 @@ class Layout:
 
 def check_plan(job: JobSpec, parallel: ParallelConfig, micro_batch_size: int, world: int) -> int:
     """The number of micro-batches per step; ``ValueError`` names what this worker cannot run."""
-    reason = worker_supports(parallel, job.model)
+    # The executors' filter (``worker_supports``) still lists FSDP2 with pp > 1 as unsupported; this worker runs
+    # it, so that one condition is left out here (zero_stage 2/3 enters no other condition there).
+    checked = dataclasses.replace(parallel, zero_stage=0) if parallel.zero_stage >= 2 else parallel
+    reason = worker_supports(checked, job.model)
     if reason is not None:
         raise ValueError(f"train: the worker runs {SUPPORTED}; not {reason}")
     if parallel.num_gpus != world:
@@ -224,13 +245,17 @@ class Worker:
         self.module: nn.Module = model
         self.model = model
         self.manual_allreduce = False
+        self.pending: list[Any] = []  # async work handles not yet waited for (dist.Work)
         if p.zero_stage >= 2:
             from torch.distributed.fsdp import fully_shard
 
+            # Per pipeline chunk (torchtitan's FSDP x PP): each block, then the chunk as its root, sharded over
+            # this stage's dp slice of the mesh; ZeRO-3 reshards the weights after forward, ZeRO-2 keeps them.
             dp_mesh = self.mesh["dp"]
-            for block in model.layers:
-                fully_shard(block, mesh=dp_mesh, reshard_after_forward=p.zero_stage == 3)
-            fully_shard(model, mesh=dp_mesh, reshard_after_forward=p.zero_stage == 3)
+            for module in modules:
+                for block in module.layers:
+                    fully_shard(block, mesh=dp_mesh, reshard_after_forward=p.zero_stage == 3)
+                fully_shard(module, mesh=dp_mesh, reshard_after_forward=p.zero_stage == 3)
         elif p.dp > 1 and p.tp == 1 and p.pp == 1:
             self.module = nn.parallel.DistributedDataParallel(model, process_group=self.dp_group)
         elif p.dp > 1:
@@ -311,17 +336,51 @@ class Worker:
                     loss.backward()
                 loss_sum += loss.detach() * self.num_micro
         if self.manual_allreduce:
+            reduced = []
             for q in self.model.parameters():
                 if q.grad is not None:
                     local = q.grad.to_local() if hasattr(q.grad, "to_local") else q.grad
-                    dist.all_reduce(local, group=self.dp_group)
-                    local.div_(self.layout.dp)
+                    self.pending.append(dist.all_reduce(local, group=self.dp_group, async_op=True))
+                    reduced.append(local)
+            self.wait_pending()
+            for local in reduced:
+                local.div_(self.layout.dp)
         self.optimizer.step()
         # The mean loss over the global batch: the last stage holds it; sum over dp, divide by micro-batches.
         total = loss_sum.detach().float().reshape(1)
         dist.all_reduce(total)  # ranks without the loss add 0
         holders = self.layout.dp * self.layout.tp
         return float(total.item()) / (holders * self.num_micro)
+
+    def wait_pending(self) -> None:
+        """Wait for every async work handle this rank issued and has not waited for yet."""
+        while self.pending:
+            self.pending.pop(0).wait()
+
+    # --- teardown ---------------------------------------------------------------------------------------
+
+    def close(self, clean: bool) -> None:
+        """End this layout (module docstring, *Teardown*): on a clean end wait for the pending work and meet
+        the other ranks at a barrier; then drop every reference to the model, optimizer, pipeline and mesh,
+        release the DTensor caches that hold meshes, and destroy the mesh's process groups (not the default
+        group). After an error no barrier: a peer may be gone."""
+        groups: dict[str, Any] = {}
+        world = dist.group.WORLD
+        for group in self.mesh.get_all_groups():
+            if world is None or group.group_name != world.group_name:
+                groups.setdefault(group.group_name, group)
+        if clean:
+            self.wait_pending()
+            dist.barrier()
+        self.pending.clear()
+        for name in ("schedule", "optimizer", "zero1", "module", "model", "chunks", "dp_group", "mesh", "tokens"):
+            setattr(self, name, None)
+        release_dtensor_caches()
+        gc.collect()
+        for group in reversed(list(groups.values())):
+            dist.destroy_process_group(group)
+        groups.clear()
+        gc.collect()
 
     # --- checkpoints ------------------------------------------------------------------------------------
 
@@ -393,24 +452,110 @@ class Worker:
 
             tracker = MemTracker()
             tracker.track_external(self.model, self.optimizer)
-            with tracker:
+            with _mod_tracker_hooks_removed_after(), tracker:
                 loss = self.step(step, tracker)
             return loss, int(tracker.get_tracker_snapshot("peak")[self.device]["Total"]), "MemTracker"
         loss = self.step(step)
         return loss, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "max_rss"
 
 
+def release_dtensor_caches() -> None:
+    """Clear DTensor's sharding-propagation, redistribution and mesh-topology caches: their keys hold
+    ``DTensorSpec``s, every spec its device mesh, and a mesh its process groups (``DeviceMesh._pg_registry``)."""
+    from torch.distributed.tensor import DTensor, debug
+    from torch.distributed.tensor._collective_utils import MeshTopoInfo
+    from torch.distributed.tensor._redistribute import _gen_transform_infos, clear_redistribute_planner_cache
+
+    debug._clear_sharding_prop_cache()
+    DTensor._op_dispatcher.sharding_propagator._propagate_tensor_meta_cached.cache_clear()
+    _gen_transform_infos.cache_clear()
+    clear_redistribute_planner_cache()
+    MeshTopoInfo.build_from_mesh.cache_clear()
+
+
+@contextlib.contextmanager
+def _mod_tracker_hooks_removed_after() -> Iterator[None]:
+    """Remove the multi-grad hooks MemTracker's ModTracker registers on module inputs and outputs once the
+    measured step is done. It never removes them, and each hook's closure holds the ``grad_fn`` of the tensor
+    it is registered on: a reference cycle through autograd's C++ nodes that the garbage collector cannot see,
+    so the step's graph — and through it the parameters (under tp DTensors, with their device mesh and its
+    process groups) — would outlive the run."""
+    from torch.distributed._tools import mod_tracker
+
+    register = mod_tracker.register_multi_grad_hook
+    handles: list[Any] = []
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        handle = register(*args, **kwargs)
+        handles.append(handle)
+        return handle
+
+    mod_tracker.register_multi_grad_hook = recording
+    try:
+        yield
+    finally:
+        mod_tracker.register_multi_grad_hook = register
+        for handle in handles:
+            handle.remove()
+
+
+def _import_world_defaults(plans: list[tuple[JobSpec, ParallelConfig]]) -> None:
+    """Import, before ``init_process_group``, the torch modules that bind ``group.WORLD`` as a default argument
+    when they are imported: imported later (DDP, ZeRO-1) they hold the default process group past
+    ``destroy_process_group`` and its gloo threads run on until interpreter exit."""
+    importlib.import_module("torch.distributed.nn.functional")
+    if any(p.zero_stage == 1 and p.dp > 1 for _, p in plans):
+        importlib.import_module("torch.distributed.optim.zero_redundancy_optimizer")
+
+
+_GLOO_THREADS = ("gloo_tcp_loop", "pt_gloo_runloop")
+
+
+def lingering_threads() -> list[str]:
+    """The Python threads other than the main one and the gloo threads (``/proc``, Linux) still alive."""
+    names = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
+    tasks = Path("/proc/self/task")
+    if tasks.is_dir():
+        for task in tasks.iterdir():
+            with contextlib.suppress(OSError):
+                name = (task / "comm").read_text(encoding="utf-8").strip()
+                if name in _GLOO_THREADS:
+                    names.append(name)
+    return sorted(names)
+
+
+def _load_plans(job: JobSpec, path: str) -> list[tuple[JobSpec, ParallelConfig]]:
+    """The plans of ``--plan``: one ``{parallel, micro_batch_size}`` object or a list of them."""
+    loaded = json.loads(Path(path).read_text(encoding="utf-8"))
+    plans = []
+    for plan in loaded if isinstance(loaded, list) else [loaded]:
+        parallel = ParallelConfig(**plan["parallel"])
+        plans.append(
+            (job.with_parallel(parallel, int(plan.get("micro_batch_size", job.training.micro_batch_size))), parallel)
+        )
+    if not plans:
+        raise ValueError(f"train: {path} holds no plan")
+    return plans
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m frenzy_opt.train", description=__doc__.split("\n\n")[0])
     parser.add_argument("--job", required=True, help="job spec (contract 1, JSON or YAML)")
-    parser.add_argument("--plan", required=True, help="JSON: {parallel: {...}, micro_batch_size: n}")
+    parser.add_argument(
+        "--plan",
+        required=True,
+        help="JSON: {parallel: {...}, micro_batch_size: n}, or a list of them trained in turn in one process group",
+    )
     parser.add_argument("--steps", type=int, help="steps to train (default: the spec's train_steps)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--schedule", choices=("1f1b", "gpipe"), default="1f1b")
     parser.add_argument("--tokens", help="flat token file (numpy raw array) instead of synthetic data")
     parser.add_argument("--token-dtype", default="uint16", choices=("uint16", "uint32"))
-    parser.add_argument("--checkpoint-dir", help="save here every --checkpoint-every steps and resume from it")
+    parser.add_argument(
+        "--checkpoint-dir",
+        help="save here every --checkpoint-every steps and resume from it (run-<i>/ per plan with several plans)",
+    )
     parser.add_argument("--checkpoint-every", type=int, default=5)
     parser.add_argument("--report", help="rank 0 appends one JSON line per step here (default: stdout)")
     parser.add_argument("--measure-step", type=int, default=2, help="the step whose peak memory is measured")
@@ -420,18 +565,47 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from frenzy_opt.spec import load_mapping
 
-    job = parse_job(load_mapping(args.job))
-    plan = json.loads(Path(args.plan).read_text(encoding="utf-8"))
-    parallel = ParallelConfig(**plan["parallel"])
-    job = job.with_parallel(parallel, int(plan.get("micro_batch_size", job.training.micro_batch_size)))
-    if args.steps is None:
-        args.steps = job.training.train_steps
+    plans = _load_plans(parse_job(load_mapping(args.job)), args.plan)
     backend = "nccl" if torch.cuda.is_available() and not args.cpu else "gloo"
+    _import_world_defaults(plans)
     dist.init_process_group(backend=backend)
+    clean = False
     try:
-        worker = Worker(job, parallel, job.training.micro_batch_size, args)
+        for index, (job, parallel) in enumerate(plans):
+            run_args = copy.copy(args)
+            if run_args.steps is None:
+                run_args.steps = job.training.train_steps
+            if args.checkpoint_dir and len(plans) > 1:
+                run_args.checkpoint_dir = str(Path(args.checkpoint_dir) / f"run-{index}")
+            tag = {"run": index} if len(plans) > 1 else {}
+            train_layout(job, parallel, run_args, backend, tag)
+        clean = True
+    finally:
+        if clean:
+            dist.barrier()
+        dist.destroy_process_group()
+        gc.collect()
+        left = lingering_threads()
+        if left:
+            print(
+                f"train: rank {os.environ.get('RANK', '?')}: threads still alive after destroy_process_group "
+                f"(a process group or worker thread outlived the run): {', '.join(left)}",
+                file=sys.stderr,
+                flush=True,
+            )
+    return 0
+
+
+def train_layout(
+    job: JobSpec, parallel: ParallelConfig, args: argparse.Namespace, backend: str, tag: dict[str, Any]
+) -> None:
+    """Train one plan in the initialized process group; its report lines carry ``tag``; its own process
+    groups are gone when it returns (:meth:`Worker.close`)."""
+    worker = Worker(job, parallel, job.training.micro_batch_size, args)
+    clean = False
+    try:
         first = worker.resume() if args.checkpoint_dir else 0
-        report = _Reporter(args.report if dist.get_rank() == 0 else None)
+        report = _Reporter(args.report if dist.get_rank() == 0 else None, tag)
         report.write(
             {
                 "event": "start",
@@ -463,20 +637,21 @@ def main(argv: list[str] | None = None) -> int:
             if args.checkpoint_dir and (step + 1) % args.checkpoint_every == 0:
                 worker.save(step + 1)
         report.write({"event": "end", "steps": args.steps})
+        clean = True
     finally:
-        dist.destroy_process_group()
-    return 0
+        worker.close(clean)
 
 
 class _Reporter:
-    def __init__(self, path: str | None) -> None:
+    def __init__(self, path: str | None, tag: dict[str, Any] | None = None) -> None:
         self.path = path
+        self.tag = tag or {}
         self.active = dist.get_rank() == 0
 
     def write(self, record: dict[str, Any]) -> None:
         if not self.active:
             return
-        line = json.dumps({**record, "time": time.time()})
+        line = json.dumps({**record, **self.tag, "time": time.time()})
         if self.path is None:
             print(f"FRENZY_REPORT {line}", flush=True)
         else:
