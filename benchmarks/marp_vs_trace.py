@@ -139,6 +139,9 @@ def write(rows: list[dict[str, Any]], failures: list[tuple[str, str]], out: Path
         f"Command: `{command}`  ",
         f"Machine: {platform.machine()} {platform.system()}, Python {platform.python_version()}, CPU only "
         f"(FakeTensorMode: no tensor memory is allocated); {elapsed:.0f} s wall.  ",
+        "Each configuration traces the first and the last pipeline stage (dp/tp/cp/ep rank 0), two steps of at "
+        "most pp + 1 micro-batches (seq_len 512, micro-batch 1, global batch 16 unless the config says "
+        "otherwise). 8B-class shapes: 8B widths with 4 layers (every layer of a stage is alike).",
         "Runtimes: torchtitan 0.3.0 (fsdp2), megatron-core 0.16.1 (megatron, local spec), torch 2.13.0 (CPU). "
         f"MARP: `predict_memory(job, None, cuda=None)` (CUDA-only terms off) at {_marp_version()}. "
         "gap = (MARP - trace) / trace; MiB = 2^20 bytes. Per stage: the trace's peak and its phase "
@@ -193,13 +196,13 @@ def _marp_version() -> str:
 
     root = Path(__file__).resolve().parents[1]
     try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()  # fmt: skip
+        head = subprocess.run(["git", "-C", str(root), "log", "-1", "--format=%h", "--", "frenzy_opt/marp", "models"],
+                              capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
         dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "frenzy_opt/marp", "models"],
                                capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
     except (OSError, subprocess.CalledProcessError):
         return "an unknown commit"
-    return f"commit {head}" + (" (with uncommitted MARP changes)" if dirty else "")
+    return f"the MARP sources of commit {head}" + (" (with uncommitted MARP changes)" if dirty else "")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -209,14 +212,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--runtime", choices=("fsdp2", "megatron"), action="append")
     ap.add_argument("--from-json", type=Path, nargs="*", help="write the report from earlier --json files")
+    ap.add_argument("--wall", type=float, default=0.0, help="with --from-json: the runs' wall seconds")
+    ap.add_argument("--command", default="", help="with --from-json: the commands that made the files")
     args = ap.parse_args(argv)
     start = time.time()
     if args.from_json:
         rows = [r for path in args.from_json for r in json.loads(path.read_text())]
         fails = [tuple(f) for path in args.from_json if path.with_suffix(".fail").exists()
                  for f in json.loads(path.with_suffix(".fail").read_text())]  # fmt: skip
-        write(rows, fails, args.out, "python -P benchmarks/marp_vs_trace.py --runtime fsdp2 --json A; "
-              "... --runtime megatron --json B; ... --from-json A B", 0)  # fmt: skip
+        write(rows, fails, args.out, args.command or "benchmarks/marp_vs_trace.py --from-json", args.wall)
         return 0
     rows: list[dict[str, Any]] = []
     failures: list[tuple[str, str]] = []

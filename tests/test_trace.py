@@ -188,7 +188,7 @@ def test_megatron_full_recompute_saves_memory() -> None:
     ("runtime", "parallel"),
     [("megatron", dict(dp=2, tp=2, zero_stage=1)), ("fsdp2", dict(dp=2, tp=2)),
      pytest.param("megatron", dict(pp=2), marks=pytest.mark.slow),
-     pytest.param("fsdp2", dict(pp=2, dp=2), marks=pytest.mark.slow)],
+     pytest.param("fsdp2", dict(pp=2), marks=pytest.mark.slow)],
 )  # fmt: skip
 def test_runtime_fake_trace_equals_real_execution(runtime: str, parallel: dict[str, object]) -> None:
     """The whole runtime step executed for real on the CPU records the peak the fake trace records (up to a
