@@ -130,8 +130,11 @@ def check_supported(job: JobSpec) -> None:
         problems.append("vpp must be 1")
     if p.ep != 1:
         problems.append("ep must be 1 (dense model)")
-    if p.cp > 1 and p.pp > 1:
-        problems.append("cp with pp is not traced")
+    if p.cp > 1:
+        # torchtitan's CP wraps SDPA in DTensor ring attention, which has no sharding strategy for the CPU
+        # flash kernel (NotImplementedError: aten._scaled_dot_product_flash_attention_for_cpu.default does
+        # not have a sharding strategy registered; torch/distributed/tensor/_sharding_prop.py).
+        problems.append("cp > 1 is not traced on torchtitan (ring attention has no CPU flash kernel)")
     if p.sequence_parallel and p.tp == 1:
         problems.append("sequence_parallel needs tp > 1")
     if problems:
@@ -360,7 +363,9 @@ def trace_stage(
 def _batches(job: JobSpec, n: int) -> Iterator[tuple[dict[str, torch.Tensor], torch.Tensor]]:
     b, s, v = job.training.micro_batch_size, job.training.seq_len, job.model.vocab_size
     for _ in range(n):
-        yield {"input": torch.randint(0, v, (b, s))}, torch.randint(0, v, (b, s))
+        # torchtitan's data loaders emit per-document positions with every batch (one document here).
+        positions = torch.arange(s).unsqueeze(0).expand(b, s).contiguous()
+        yield {"input": torch.randint(0, v, (b, s)), "positions": positions}, torch.randint(0, v, (b, s))
 
 
 def _trainer_shell(
