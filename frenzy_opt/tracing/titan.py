@@ -265,8 +265,9 @@ def trace_stage(
     rank = _rank_of_stage(tt, job, stage)
     training, parallelism = _configs(job, opts, run_mb if p.pp == 1 else 1)
     notes: list[str] = []
-    torch.autograd.set_multithreading_enabled(False)  # as torchtitan's init_distributed
     with contextlib.ExitStack() as stack:
+        # As torchtitan's init_distributed (restored afterwards).
+        stack.enter_context(torch.autograd.set_multithreading_enabled(False))
         stack.enter_context(common.fake_process_group(rank, world))
         # The device mesh is built from real tensors (its rank layout), before fake mode.
         parallel_dims = tt["ParallelDims"].from_config(parallelism, world)
