@@ -50,7 +50,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
-import dataclasses
 import gc
 import importlib
 import json
@@ -95,10 +94,7 @@ class Layout:
 
 def check_plan(job: JobSpec, parallel: ParallelConfig, micro_batch_size: int, world: int) -> int:
     """The number of micro-batches per step; ``ValueError`` names what this worker cannot run."""
-    # The executors' filter (``worker_supports``) still lists FSDP2 with pp > 1 as unsupported; this worker runs
-    # it, so that one condition is left out here (zero_stage 2/3 enters no other condition there).
-    checked = dataclasses.replace(parallel, zero_stage=0) if parallel.zero_stage >= 2 else parallel
-    reason = worker_supports(checked, job.model)
+    reason = worker_supports(parallel, job.model)
     if reason is not None:
         raise ValueError(f"train: the worker runs {SUPPORTED}; not {reason}")
     if parallel.num_gpus != world:

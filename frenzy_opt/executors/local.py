@@ -49,8 +49,6 @@ def worker_supports(parallel: ParallelConfig, arch: ModelArch) -> str | None:
         return "mixture-of-experts models"
     if parallel.pp > 1 and arch.tied_embeddings:
         return "tied embeddings with pp > 1"
-    if parallel.pp > 1 and parallel.zero_stage >= 2:
-        return "zero_stage 2/3 (FSDP2) with pp > 1"
     if parallel.zero_stage == 1 and (parallel.tp > 1 or parallel.pp > 1):
         return "zero_stage 1 with tp or pp > 1"
     return None

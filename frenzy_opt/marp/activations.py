@@ -202,6 +202,10 @@ def layer_bytes(arch: ModelArch, training: TrainingConfig, parallel: ParallelCon
     if parallel.recompute == "selective" and x.runtime == "fsdp2":
         return op_sac_bytes(arch, x)
     qkv = x.a * x.tokens * (x.hq + 2 * x.hkv)
+    if x.runtime == "megatron" and arch.position_embedding == "rope" and not NATIVE_OPS.get():
+        # Megatron-core splits q, k, v as views of the fused QKV GEMM output, which stays alive, and
+        # applies RoPE out of place: the rotated q and k are kept too (trace path finding M2).
+        qkv += x.a * x.tokens * (x.hq + x.hkv)
     out = x.a_linear * x.tokens * x.hq  # attention output, the input of the output projection
     attention = (
         _norm_bytes(arch, x)
@@ -246,6 +250,11 @@ def loss_bytes(arch: ModelArch, training: TrainingConfig, parallel: ParallelConf
     """Final norm, output-layer input, fp32 log-probabilities and targets kept for backward."""
     x = dims(arch, training, parallel)
     return _norm_bytes(arch, x) + x.a_linear * x.tokens * x.h + FP32 * x.tokens * x.vocab + INDEX_BYTES * x.tokens
+
+
+def logits_grad_bytes(arch: ModelArch, training: TrainingConfig, parallel: ParallelConfig) -> int:
+    x = dims(arch, training, parallel)
+    return x.a * x.tokens * x.vocab
 
 
 def fused_cross_entropy(runtime: str) -> bool:
@@ -313,6 +322,8 @@ class ActivationTerms:
     block_incoming_grad: int
     block_ffn_grad: int
     block_ffn_wide: int
+    logits_grad: int = 0
+    """The 16-bit gradient of the logits, ``a x tokens x V / tp``, alive through the output layer's backward."""
 
     def block_backward(self, weight_grad_bytes: int) -> int:
         """:func:`layer_backward_transient_bytes` from the cached parts."""
@@ -384,4 +395,5 @@ def _activation_terms(key: tuple[Any, ...]) -> ActivationTerms:
         block_incoming_grad=incoming,
         block_ffn_grad=ffn_grad,
         block_ffn_wide=wide,
+        logits_grad=logits_grad_bytes(arch, training, parallel),
     )

@@ -148,6 +148,9 @@ class ParamTerms:
 
     params: int
     embedding_params: int
+    output_params: int
+    """The output layer's weight on the last stage (``ceil(V / tp) x h``, tied or not: its weight gradient
+    is made there either way); 0 elsewhere."""
     layer_params: int
     expert_params: int
     """The part of ``params`` in expert MLPs (sharded over dp x cp / ep by ZeRO/FSDP, see ``StageModel``)."""
@@ -172,6 +175,7 @@ def param_terms(arch: ModelArch, tp: int, ep: int, pp: int, num_layers: int, fir
     return ParamTerms(
         params=total,
         embedding_params=embedding,
+        output_params=counts.output_if_untied if last else 0,
         layer_params=counts.per_layer,
         expert_params=num_layers * counts.expert_per_layer,
         largest_layer_param=max(math.prod(shape) for shape in shapes),
@@ -300,12 +304,25 @@ def stage_model_of(arch: ModelArch, training: TrainingConfig, parallel: Parallel
               communication_buffers=int(layout.grad_buffer_bytes * params.params), temporaries=0),
     ]  # fmt: skip
     if last:
+        head_comm = comm
+        if training.runtime == "fsdp2" and parallel.pp == 1:
+            # torchtitan's last FSDP group ([norm, output]) is not resharded after forward: at the loss
+            # backward its unsharded 16-bit weight and gradient, the fp32 copy for reduce_dtype and the fp32
+            # reduce-scatter input are alive, 12 bytes per output parameter (trace path finding F2,
+            # benchmarks/results/marp_vs_trace.md).
+            head_comm = max(comm, int(12 * params.output_params))
         phases += [
             Phase(name="loss_backward", holds_activations=True, logits_and_loss=acts.loss + acts.loss_backward,
-                  communication_buffers=comm, temporaries=0),
+                  communication_buffers=head_comm, temporaries=0),
+            # The output layer's backward: the 16-bit gradient of the logits, the input gradient and the
+            # output layer's transient 16-bit weight gradient (trace path finding M1: Megatron-core's last
+            # stage peaks here when the tokens are few against the hidden size).
+            Phase(name="output_backward", holds_activations=True, logits_and_loss=acts.logits_grad,
+                  communication_buffers=head_comm,
+                  temporaries=layout.transient_grad_bytes * params.output_params + acts.block_incoming_grad),
             # The final norm runs its backward before any block: every activation is alive.
             Phase(name="final_norm_backward", holds_activations=True, logits_and_loss=acts.final_norm,
-                  communication_buffers=comm, temporaries=acts.norm_backward),
+                  communication_buffers=head_comm, temporaries=acts.norm_backward),
         ]  # fmt: skip
     return StageModel(
         stage=stage,
