@@ -30,6 +30,7 @@ LAYERS = {
     "frenzy_opt.tracemap": 5,
     "frenzy_opt.simulator": 5,
     "frenzy_opt.validation": 5,
+    "frenzy_opt.tracing": 5,
     "frenzy_opt.problem": 5,
     "frenzy_opt.store": 2,
     "frenzy_opt.executors": 5,
