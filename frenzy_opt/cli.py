@@ -313,11 +313,20 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from frenzy_opt.marp.fit import FIT_PATH, load_fit
-    from frenzy_opt.validation.measured import calibrate, summarise, validate, write_fit
+    from frenzy_opt.validation.measured import (
+        calibrate,
+        read_measurements,
+        score_run,
+        summarise,
+        usable,
+        write_fit,
+    )
 
     if args.name != "memory":
         raise ValueError(f"calibrate: --name must be memory, got {args.name!r}")
-    before = validate(args.file, load_fit()).held_out
+    # Before: the fit shipped now, scored on the file (a cross-validation would refit and ignore it).
+    shipped = load_fit()
+    before = [score_run(run, shipped) for run in usable(read_measurements(args.file))]
     fitted, after = calibrate(args.file)
     out = Path(args.out) if args.out else FIT_PATH
     write_fit(fitted, out)

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from frenzy_opt.marp.fit import FIT_PATH, METRICS, MemoryFit, load_fit
-from frenzy_opt.marp.predictor import MemoryPrediction, cuda_terms_of, predict_memory
+from frenzy_opt.marp.predictor import MemoryPrediction, cuda_terms_of, predict_memory, upper_bytes
 from frenzy_opt.models.arch import ModelArch
 from frenzy_opt.spec import JobSpec, ParallelConfig, TrainingConfig, check_parallel, default_zero_stage
 
@@ -348,11 +348,11 @@ def score_run(run: MeasuredRun, fit: MemoryFit) -> RowScore:
         metric=run.metric,
         measured_bytes=run.measured_bytes,
         predicted_bytes=predicted,
-        upper_bytes=math.ceil(predicted * fit.upper_ratio.get(run.metric, 1.0)),
+        upper_bytes=upper_bytes(predicted, run.metric, fit),
         predicted_allocated_bytes=allocated,
         predicted_reserved_bytes=reserved,
         predicted_used_bytes=used,
-        used_upper_bytes=math.ceil(used * fit.ratio("device_used")),
+        used_upper_bytes=upper_bytes(used, "device_used", fit),
         capacity_bytes=run.capacity_bytes,
     )
 
