@@ -105,6 +105,36 @@ def peak_components(trace: Trace, state_blocks: set[int], comm_blocks: set[int] 
     return out
 
 
+def stage_trace(
+    trace: Trace,
+    job: JobSpec,
+    *,
+    stage: int,
+    rank: int,
+    world_size: int,
+    microbatches: int,
+    total_microbatches: int,
+    notes: list[str] | None = None,
+) -> StageTrace:
+    """The :class:`StageTrace` of one traced rank (both runtimes' tracers end with it)."""
+    ran = [f"ran {microbatches} of {total_microbatches} micro-batches per step"]
+    return StageTrace(
+        stage=stage,
+        rank=rank,
+        world_size=world_size,
+        peak_allocated_bytes=trace.peak_bytes,
+        peak_phase=trace.peak_phase,
+        model_state_bytes=trace.end_bytes,
+        setup_bytes=trace.setup_bytes,
+        phase_peaks=dict(trace.phase_peaks),
+        components=peak_components(trace, live_blocks_at_end(trace)),
+        microbatches=microbatches,
+        in_flight=in_flight(job, stage, microbatches) if job.parallel.pp > 1 else 1,
+        notes=(notes or []) + (ran if microbatches < total_microbatches else []),
+        trace=trace,
+    )
+
+
 def live_blocks_at_end(trace: Trace) -> set[int]:
     live: set[int] = set()
     for event in trace.events:

@@ -343,21 +343,15 @@ def trace_stage(
                     _pipeline_step(tt, job, stage, model, loss_fn, containers, parallel_dims, run_mb, set_phase)
             set_phase("end")
         trace = recorder.trace()
-    state_blocks = common.live_blocks_at_end(trace)
-    return common.StageTrace(
+    return common.stage_trace(
+        trace,
+        job,
         stage=stage,
         rank=rank,
         world_size=world,
-        peak_allocated_bytes=trace.peak_bytes,
-        peak_phase=trace.peak_phase,
-        model_state_bytes=trace.end_bytes,
-        setup_bytes=trace.setup_bytes,
-        phase_peaks=dict(trace.phase_peaks),
-        components=common.peak_components(trace, state_blocks),
         microbatches=run_mb,
-        in_flight=common.in_flight(job, stage, run_mb) if p.pp > 1 else 1,
-        notes=notes + ([f"ran {run_mb} of {total_mb} micro-batches per step"] if run_mb < total_mb else []),
-        trace=trace,
+        total_microbatches=total_mb,
+        notes=notes,
     )
 
 
