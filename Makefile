@@ -44,13 +44,19 @@ test: lint typecheck pytest
 # MARP against published measured runs (leave one source out) when ../shared/calibration is present, and the
 # FakeTensorMode harness of the reference decoder (self-consistency only, about 5 minutes).
 CALIBRATION := ../shared/calibration/memory-measured.csv
+STEPTIME_CALIBRATION := ../shared/calibration/steptime-measured.csv
 validate: install
 	@if [ -f $(CALIBRATION) ]; then $(BIN)/frenzy validate memory $(CALIBRATION) --out docs/marp-validation.md; \
 	else echo "make validate: $(CALIBRATION) not found; skipping the measured-runs report"; fi
+	@if [ -f $(STEPTIME_CALIBRATION) ]; then \
+	$(BIN)/frenzy validate steptime $(STEPTIME_CALIBRATION) --out docs/steptime-validation.md; \
+	else echo "make validate: $(STEPTIME_CALIBRATION) not found; skipping the step-time report"; fi
 	$(BIN)/python -P -m frenzy_opt.validation.report --out docs/marp-harness.md
 
+# Refit the shipped parameters (frenzy_opt/data/memory-fit.json, frenzy_opt/data/steptime-fit.json).
 calibrate: install
 	$(BIN)/frenzy calibrate $(CALIBRATION) --name memory
+	$(BIN)/frenzy calibrate $(STEPTIME_CALIBRATION) --name steptime
 
 bench: install
 	$(BIN)/python -P benchmarks/plan_enumeration.py --out benchmarks/results/plan_enumeration.md

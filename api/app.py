@@ -55,6 +55,9 @@ class ServiceConfig:
     decision_wait_s: float = 0.25
     """How long a submission waits for the scheduler's first decision on it before answering."""
     max_body_bytes: int = MAX_BODY_BYTES
+    calibration: str | None = None
+    """A step-time calibration profile (:mod:`frenzy_opt.calibrations`): plans use it, the closed loop
+    writes into it."""
 
 
 class Metrics:
@@ -166,6 +169,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
         time_scale=config.time_scale,
         quotas=config.tenants.quotas,
         on_decision=metrics.on_decision,
+        calibration=config.calibration,
     )
     for gpu in config.cluster.gpu_types():
         metrics.gpus_total.labels(gpu.name).set(config.cluster.num_gpus_of(gpu.name))
@@ -174,7 +178,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
     @functools.lru_cache(maxsize=256)
     def cached_search(spec: JobSpec) -> PlanSearch:
         """Plan searches of the dry-run endpoint, remembered per spec (a search takes 0.1-1 s)."""
-        return search_or_fail(spec, config.cluster)
+        return search_or_fail(spec, config.cluster, step_model=orchestrator.base_model)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -343,7 +347,10 @@ def create_app(config: ServiceConfig) -> FastAPI:
                     peak_allocated_bytes=p.peak_allocated_bytes,
                     device_used_bytes=p.device_used_bytes,
                     step_time_s=p.step_time_s,
+                    step_time_p10_s=p.step_time_p10_s,
+                    step_time_p90_s=p.step_time_p90_s,
                     est_runtime_s=p.est_runtime_s,
+                    memory_risk=p.memory_risk,
                 )
                 for p in search.plans[:top]
             ],

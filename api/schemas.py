@@ -113,7 +113,10 @@ class PlanOut(BaseModel):
     peak_allocated_bytes: int
     device_used_bytes: int
     step_time_s: float | None
+    step_time_p10_s: float | None = None
+    step_time_p90_s: float | None = None
     est_runtime_s: float | None
+    memory_risk: bool = False
 
 
 class PlansOut(BaseModel):

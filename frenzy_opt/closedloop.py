@@ -19,9 +19,9 @@ from typing import Any
 
 from frenzy_opt.cluster import ClusterSpec
 from frenzy_opt.gpus import GpuType, lookup_gpu
-from frenzy_opt.plans import _links
 from frenzy_opt.spec import JobSpec, ParallelConfig
 from frenzy_opt.steptime import Links, StepTimeModel, step_terms
+from frenzy_opt.topology import links_for
 
 COMPARABLE_MEMORY = ("MemTracker", "torch.cuda.max_memory_allocated")
 
@@ -57,8 +57,7 @@ def sample_of(
     job = spec.with_parallel(parallel, int(plan["micro_batch_size"]))
     job = replace(job, training=replace(job.training, precision=plan["precision"]))
     gpu = lookup_gpu(plan["gpu_type"])
-    per_node = cluster.gpus_per_node_of(gpu.name)
-    links = _links(cluster, gpu)[plan["num_gpus"] > per_node]
+    links = links_for(cluster, gpu.name)
     return Sample(
         job_id=job_id,
         spec=job,

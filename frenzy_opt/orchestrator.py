@@ -25,6 +25,7 @@ durations and the scheduler's clock agree.
 
 from __future__ import annotations
 
+import logging
 import math
 import queue
 import threading
@@ -35,6 +36,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+from frenzy_opt.calibrations import CalibrationStore
 from frenzy_opt.closedloop import Sample, recalibrate, sample_of
 from frenzy_opt.cluster import ClusterSpec
 from frenzy_opt.executors import Executor, ExitInfo, Launch
@@ -44,6 +46,8 @@ from frenzy_opt.solvers.greedy import GreedyState
 from frenzy_opt.spec import JobSpec, parse_job
 from frenzy_opt.store import JobRecord, Store
 from frenzy_opt.topology import Topology
+
+log = logging.getLogger(__name__)
 
 
 class Quotas:
@@ -122,13 +126,26 @@ class Orchestrator:
         quotas: dict[str, dict[str, int]] | None = None,
         on_decision: Callable[[float, int], None] | None = None,
         cache: OptionCache | None = None,
+        calibration: str | None = None,
+        calibrations: CalibrationStore | None = None,
     ) -> None:
         self.store, self.cluster, self.executor = store, cluster, executor
         self.time_scale = time_scale
         self.topology = cache.topology if cache is not None else Topology(cluster)
         supports = getattr(executor, "supports", None)
         self._plan_filter = None if supports is None else (lambda plan, spec: bool(supports(plan, spec.model)))
+        self.calibration = calibration
+        self.calibrations = calibrations or CalibrationStore()
         self.base_model = DEFAULT_STEP_MODEL
+        if calibration and calibration in self.calibrations.names():
+            self.base_model = self.calibrations.load(calibration)
+        elif calibration:
+            log.warning(
+                "calibration profile %s does not exist in %s: planning with the shipped step-time parameters; "
+                "the closed loop creates it from the first measured run",
+                calibration,
+                self.calibrations.root,
+            )
         self.step_model = self.base_model
         for key, entry in store.calibration().items():  # efficiencies fitted by earlier runs
             gpu, _, precision = key.partition("@")
@@ -354,6 +371,11 @@ class Orchestrator:
         self.step_model = model
         self.calibration_report.update(report)
         self.store.save_calibration(report)
+        if self.calibration:  # the profile the service plans with learns from its runs
+            try:
+                self.calibrations.learn(self.calibration, model, report)
+            except OSError as err:
+                log.warning("closed loop: cannot write calibration profile %s: %s", self.calibration, err)
         self.cache = OptionCache(self.cluster, self.topology, plan_filter=self._plan_filter, step_model=self.step_model)
 
     def _retry_or_fail(self, job_id: str, cause: str, pending: _Pending) -> None:

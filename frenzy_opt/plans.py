@@ -43,8 +43,16 @@ from frenzy_opt.marp.predictor import (
 )
 from frenzy_opt.marp.stages import chunk_layer_counts, in_flight_layer_microbatches
 from frenzy_opt.models.arch import ModelArch
-from frenzy_opt.spec import ZERO_STAGES_BY_RUNTIME, JobSpec, ParallelConfig, TrainingConfig, check_headroom
-from frenzy_opt.steptime import Links, StepTimeModel, step_terms_of
+from frenzy_opt.spec import (
+    PARALLEL_FIELDS,
+    ZERO_STAGES_BY_RUNTIME,
+    JobSpec,
+    ParallelConfig,
+    TrainingConfig,
+    check_headroom,
+)
+from frenzy_opt.steptime import StepTimeModel, shipped_model, step_terms_of
+from frenzy_opt.topology import links_for
 
 MICRO_BATCH_CHOICES = (1, 2, 4, 8, 16)
 RECOMPUTE_ORDER = ("none", "selective", "full")
@@ -70,6 +78,12 @@ class Plan:
     device_used_upper_bytes: int = 0
     required_headroom_bytes: int = 0
     """The headroom the plan was admitted with (``training.memory_headroom`` x capacity)."""
+    step_time_p10_s: float | None = None
+    """The step time's 10th percentile from the step-time model's cross-validated errors."""
+    step_time_p90_s: float | None = None
+    memory_risk: bool = False
+    """Admitted on the user's word: the job pins its whole layout, its predicted tensors fit, but the upper
+    bound of the footprint plus the headroom exceeds the GPU (the run may go out of memory)."""
 
     @property
     def headroom_bytes(self) -> int:
@@ -93,7 +107,10 @@ class Plan:
             "required_headroom_bytes": self.required_headroom_bytes,
             "headroom_bytes": self.headroom_bytes,
             "step_time_s": self.step_time_s,
+            "step_time_p10_s": self.step_time_p10_s,
+            "step_time_p90_s": self.step_time_p90_s,
             "est_runtime_s": self.est_runtime_s,
+            "memory_risk": self.memory_risk,
         }
 
 
@@ -280,7 +297,7 @@ class _PeakCache:
         return best
 
 
-DEFAULT_STEP_MODEL = StepTimeModel()
+DEFAULT_STEP_MODEL = shipped_model()
 
 
 def enumerate_plans(
@@ -323,13 +340,17 @@ def enumerate_plans(
     if headroom is None:
         headroom = fit.headroom_fraction
     check_headroom("headroom", headroom)
+    # A job that pins its whole layout is a configuration the user runs: it is refused only when its
+    # predicted tensors alone (the allocated peak) exceed the GPU, and flagged ``memory_risk`` when the upper
+    # bound plus headroom does not fit (MARP's bound is conservative by design, docs/marp-validation.md).
+    user_layout = {*PARALLEL_FIELDS, "micro_batch_size"} <= job.pinned
     for (precision, gpus_per_node, max_gpus), gpus in groups.items():
         base = replace(job, training=replace(job.training, precision=precision))
         cache = _PeakCache(job.model, base.training)
         labels = {gpu.name: effective_precision(gpu, job.training.precision) for gpu in gpus}
         capacity = max(gpu.memory_bytes for gpu in gpus)
         by_link = _by_link(gpus)
-        links = {gpu.name: _links(cluster, gpu) for gpu in gpus}
+        links = {gpu.name: links_for(cluster, gpu.name) for gpu in gpus}
         for shape in _shapes(job, gpus_per_node, max_gpus):
             # Feasibility search: nothing above the largest GPU matters. Minimum search (no plan anywhere):
             # nothing above the least footprint found so far does (branch and bound).
@@ -352,12 +373,13 @@ def enumerate_plans(
                         min_device = used_upper if min_device is None else min(min_device, used_upper)
                         for gpu in link_gpus:  # largest memory first
                             required = int(headroom * gpu.memory_bytes)
-                            if used_upper + required > gpu.memory_bytes:
+                            risky = used_upper + required > gpu.memory_bytes
+                            if risky and not (user_layout and allocated <= gpu.memory_bytes):
                                 break
                             if terms is None:
                                 terms = step_terms_of(job.model, cache.training(shape.micro_batch_size), parallel)
-                            link = links[gpu.name][parallel.num_gpus > gpus_per_node]
-                            seconds = terms.evaluate(gpu, link, step_model).total_s
+                            seconds = terms.evaluate(gpu, links[gpu.name], step_model).total_s
+                            low, high = step_model.band(seconds)
                             plans.append(
                                 Plan(
                                     gpu_type=gpu.name,
@@ -375,6 +397,9 @@ def enumerate_plans(
                                     peak_reserved_upper_bytes=upper_bytes(reserved, "max_reserved", fit),
                                     device_used_upper_bytes=used_upper,
                                     required_headroom_bytes=required,
+                                    step_time_p10_s=low,
+                                    step_time_p90_s=high,
+                                    memory_risk=risky,
                                 )
                             )
                 exhausted = len(plans) == fits_before
@@ -415,16 +440,6 @@ def _lower_bound(job: JobSpec, shape: _Shape, dp: int) -> float:
     return states + in_flight * layers * acts.layer + loss
 
 
-def _links(cluster: ClusterSpec, gpu: GpuType) -> tuple[Links, Links]:
-    """(inside one node, across nodes) links of ``gpu`` in ``cluster``."""
-    group = next(g for g in cluster.node_groups if g.gpu.name == gpu.name)
-    one_node = Links.for_gpu(gpu, intra_node=group.intra_node)
-    across = Links.for_gpu(
-        gpu, inter_node_gbps=cluster.inter_node_gbps, gpus_per_node=group.gpus_per_node, intra_node=group.intra_node
-    )
-    return one_node, across
-
-
 def _by_link(gpus: list[GpuType]) -> list[list[GpuType]]:
     """GPUs split by intra-node link kind (NCCL's buffers depend on it, nothing else on the GPU does),
     largest memory first."""
@@ -459,9 +474,11 @@ class NoFeasiblePlan(ValueError):
     """A job fits no GPU type of the cluster, even at the largest parallelism tried."""
 
 
-def search_or_fail(job: JobSpec, cluster: ClusterSpec, *, headroom: float | None = None) -> PlanSearch:
+def search_or_fail(
+    job: JobSpec, cluster: ClusterSpec, *, headroom: float | None = None, step_model: StepTimeModel | None = None
+) -> PlanSearch:
     """All plans; :class:`NoFeasiblePlan` naming the memory needed and the largest GPU when none fit."""
-    search = enumerate_plans(job, cluster, headroom=headroom)
+    search = enumerate_plans(job, cluster, headroom=headroom, step_model=step_model or DEFAULT_STEP_MODEL)
     if search.plans:
         return search
     largest = max(cluster.gpu_types(), key=lambda g: g.memory_bytes)

@@ -17,6 +17,7 @@ import uvicorn
 
 from frenzy_opt.api.app import ServiceConfig, create_app
 from frenzy_opt.api.auth import load_tenants
+from frenzy_opt.calibrations import CalibrationStore, check_name
 from frenzy_opt.cluster import ClusterSpec
 from frenzy_opt.executors import make_executor
 from frenzy_opt.scenario import Scenario
@@ -34,12 +35,17 @@ def build_config(
     fail_rate: float = 0.0,
     decision_wait_s: float = 0.25,
     workdir: str = "frenzy-runs",
+    calibration: str | None = None,
 ) -> ServiceConfig:
     if not time_scale > 0:
         raise ValueError(f"--time-scale must be > 0, got {time_scale}")
     if not 0 <= decision_wait_s <= 60:
         raise ValueError(f"--decision-wait-s must be in [0, 60], got {decision_wait_s}")
     tenants = load_tenants(tokens, [g.name for g in cluster.gpu_types()])
+    if calibration:
+        check_name(calibration)  # a bad name fails before the service starts
+        if calibration in CalibrationStore().names():
+            CalibrationStore().read(calibration)  # so does a broken profile
     return ServiceConfig(
         cluster=cluster,
         db_url=db_url,
@@ -47,6 +53,7 @@ def build_config(
         tenants=tenants,
         time_scale=time_scale,
         decision_wait_s=decision_wait_s,
+        calibration=calibration,
     )
 
 

@@ -3,7 +3,10 @@
 Graph vertices: ``("gpu", node, k)`` for GPU ``k`` of node ``node``, ``("node", node)`` for each server's
 internal switch (NVLink/NVSwitch or the PCIe root complex) and ``("network",)`` for the inter-node fabric.
 Edges carry ``gbs``, the bandwidth per direction in GB/s: GPU–node edges the GPU's intra-node link (half the
-bidirectional figure its spec sheet states), node–network edges the node's NIC (``inter_node_gbps`` / 8).
+bidirectional figure its spec sheet states), node–network edges the node's NICs together (``nics_per_node x
+nic_gbps / 8``, with ``nics`` and ``nic_gbs`` on the edge). A node vertex carries ``nvlink_domain``, the GPUs
+its NVLink fabric reaches (a node, or a GB200 NVL72 rack). :func:`links_for` reads the links a GPU type's
+plans see from this graph; it is the one place the step-time model gets its bandwidths.
 
 The scheduler's placement rules live here too, shared by every solver so their schedules compare: a plan of
 ``n <= gpus_per_node`` GPUs runs inside one node (tensor-parallel groups never cross nodes); a larger plan
@@ -13,6 +16,7 @@ nodes).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import networkx as nx
@@ -32,6 +36,42 @@ class Node:
     intra_node: str
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Links:
+    """The links of one GPU type's nodes, in GB/s per direction, before ``link_efficiency``."""
+
+    intra_node_gbs: float
+    """GPU to GPU inside a node or NVLink domain (NVLink or PCIe), per GPU."""
+    nic_gbs: float = 0.0
+    """All NICs of one node together (0: a single node, nothing crosses a network)."""
+    gpus_per_node: int = 8
+    nvlink_domain: int = 0
+    """GPUs sharing one NVLink fabric (0: one node)."""
+
+    @property
+    def domain(self) -> int:
+        return max(self.nvlink_domain, self.gpus_per_node)
+
+    @staticmethod
+    def for_gpu(
+        gpu: GpuType,
+        *,
+        inter_node_gbps: float | None = None,
+        gpus_per_node: int = 8,
+        intra_node: str | None = None,
+        nvlink_domain: int = 0,
+    ) -> Links:
+        """Links of ``gpu``'s nodes: ``inter_node_gbps`` is Gbit/s per node (all NICs; None: one node only);
+        ``intra_node="pcie"`` overrides an NVLink part's default (a PCIe-only server)."""
+        spec = gpu.pcie_gbps if intra_node == "pcie" else gpu.intra_node_gbps
+        return Links(
+            intra_node_gbs=spec / 2,
+            nic_gbs=(inter_node_gbps or 0.0) / 8,
+            gpus_per_node=gpus_per_node,
+            nvlink_domain=nvlink_domain,
+        )
+
+
 class Topology:
     """Nodes and links of a cluster, with the queries the solvers need."""
 
@@ -39,7 +79,6 @@ class Topology:
         self.cluster = cluster
         self.nodes: list[Node] = []
         self.graph = nx.Graph()
-        network_gbs = cluster.inter_node_gbps / 8
         self.graph.add_node(("network",), kind="network")
         for group_index, group in enumerate(cluster.node_groups):
             intra_gbs = (group.gpu.pcie_gbps if group.intra_node == "pcie" else group.gpu.intra_node_gbps) / 2
@@ -52,8 +91,16 @@ class Topology:
                     intra_node=group.intra_node,
                 )
                 self.nodes.append(node)
-                self.graph.add_node(("node", node.index), kind="node", gpu_type=node.gpu.name)
-                self.graph.add_edge(("node", node.index), ("network",), gbs=network_gbs)
+                self.graph.add_node(
+                    ("node", node.index), kind="node", gpu_type=node.gpu.name, nvlink_domain=group.domain_gpus
+                )
+                self.graph.add_edge(
+                    ("node", node.index),
+                    ("network",),
+                    gbs=group.inter_node_gbps / 8,
+                    nics=group.nics_per_node,
+                    nic_gbs=group.nic_gbps / 8,
+                )
                 for k in range(node.num_gpus):
                     self.graph.add_node(("gpu", node.index, k), kind="gpu", gpu_type=node.gpu.name)
                     self.graph.add_edge(("gpu", node.index, k), ("node", node.index), gbs=intra_gbs)
@@ -118,3 +165,27 @@ class Topology:
                 for n in nodes
             )
         )
+
+    def links(self, gpu_type: str) -> Links:
+        """The links a plan on ``gpu_type`` sees, read from the graph (the type's largest node)."""
+        indices = self.nodes_of(gpu_type)
+        if not indices:
+            raise KeyError(f"no node of GPU type {gpu_type} in cluster {self.cluster.name}")
+        node = max(indices, key=lambda i: self.nodes[i].num_gpus)
+        return Links(
+            intra_node_gbs=float(self.graph.edges[("gpu", node, 0), ("node", node)]["gbs"]),
+            nic_gbs=float(self.graph.edges[("node", node), ("network",)]["gbs"]),
+            gpus_per_node=self.nodes[node].num_gpus,
+            nvlink_domain=int(self.graph.nodes[("node", node)]["nvlink_domain"]),
+        )
+
+
+@functools.lru_cache(maxsize=64)
+def topology_of(cluster: ClusterSpec) -> Topology:
+    """One :class:`Topology` per cluster spec (specs are immutable)."""
+    return Topology(cluster)
+
+
+def links_for(cluster: ClusterSpec, gpu_type: str) -> Links:
+    """The links of ``gpu_type``'s nodes in ``cluster`` (:meth:`Topology.links`)."""
+    return topology_of(cluster).links(gpu_type)

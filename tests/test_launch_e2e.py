@@ -49,9 +49,12 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[httpx.Cl
         db_url=f"sqlite:///{tmp / 'jobs.db'}",
         executor=executor,
         decision_wait_s=5.0,
+        calibration="e2e-profile",
     )
-    with background_server(config) as url, httpx.Client(base_url=url, timeout=60) as client:
-        yield client, tmp / "runs"
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("FRENZY_CALIBRATIONS", str(tmp / "profiles"))
+        with background_server(config) as url, httpx.Client(base_url=url, timeout=60) as client:
+            yield client, tmp / "runs"
 
 
 def _wait(client: httpx.Client, job_id: str, states: set[str], timeout: float = 240) -> dict[str, Any]:
@@ -174,4 +177,10 @@ def test_the_closed_loop_refits_the_cpu_slot_efficiency_from_the_runs(service: t
     assert entry["step_time_error_after"] <= entry["step_time_error_before"]
     default = DEFAULT_STEP_MODEL.efficiency_of(lookup_gpu("CPU-SLOT"), "fp32")
     assert body["efficiency"]["CPU-SLOT@fp32"] == entry["efficiency_after"] != default
+    # The service plans with profile e2e-profile, so its closed loop wrote the refit into the profile.
+    from frenzy_opt.calibrations import CalibrationStore
+
+    profile = CalibrationStore().read("e2e-profile")
+    assert profile["parameters"]["efficiency"]["CPU-SLOT@fp32"] == entry["efficiency_after"]
+    assert profile["closed_loop"]["CPU-SLOT@fp32"]["samples"] >= 1
     assert all(m["source"] == "MemTracker" for m in body["memory"])
