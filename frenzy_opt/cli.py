@@ -22,14 +22,17 @@ from rich.table import Table
 from frenzy_opt.experiment import (
     DEFAULT_COMPARE_POLICIES,
     DEFAULT_COMPARE_SCENARIOS,
+    DEFAULT_COMPARE_SEEDS,
+    DEFAULT_COMPARE_TRUTH,
     DEFAULT_FAILURES,
+    DEFAULT_PROFILED_SCENARIO,
+    compare_metrics,
     comparisons,
     parse_policies,
     policy_payload,
-    prepare,
-    run_policies,
+    run_seeds,
+    seeded_payload,
     write_plots,
-    write_report,
 )
 from frenzy_opt.gantt import plot_schedule
 from frenzy_opt.gpus import load_gpus, lookup_gpu
@@ -45,11 +48,12 @@ from frenzy_opt.problem import (
     makespan_s,
     objective,
 )
-from frenzy_opt.scenario import DEFAULT_SCENARIO, load_cluster_ref, load_scenario, resolve
+from frenzy_opt.scenario import DEFAULT_SCENARIO, Scenario, load_cluster_ref, load_scenario, resolve
 from frenzy_opt.simulator import Failures, SimulationError
 from frenzy_opt.solvers import make_solver
 from frenzy_opt.solvers.policies import policy_names
 from frenzy_opt.spec import load_job
+from frenzy_opt.truth import SIA_TABLES, TruthKind, TruthSpec, truth_spec
 
 GIB = 2**30
 DEFAULT_REPORT = "benchmarks/results/compare.md"
@@ -507,38 +511,76 @@ def _failures(args: argparse.Namespace) -> Failures | None:
     )
 
 
+def _add_truth_args(p: argparse.ArgumentParser, default: str) -> None:
+    p.add_argument(
+        "--truth",
+        default=default,
+        choices=[k.value for k in TruthKind],
+        help=f"how fast jobs really run: as predicted, x a cross-validated error, or profiled (default {default})",
+    )
+    p.add_argument("--profiles", default="sia", help="--truth profiled: sia, gavel (../shared/traces) or a path")
+    p.add_argument("--profile-app", help="--truth profiled: the profiled application (default bert / Transformer)")
+
+
+def _truth(args: argparse.Namespace) -> TruthSpec:
+    return truth_spec(args.truth, profiles=args.profiles, application=args.profile_app)
+
+
+def _long_run(scenario: Scenario) -> bool:
+    """Whether to show a progress bar: 500 jobs or more, or a trace file (of unknown length)."""
+    workload = scenario.workload
+    if workload is None:
+        return len(scenario.jobs) >= 500
+    return workload.trace is not None or workload.num_jobs >= 500
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     policies = parse_policies(args.policy)
     failures = _failures(args)
-    experiment = prepare(args.scenario)
-    long_run = len(experiment.jobs) >= 500 and sys.stderr.isatty()
-    with _ProgressBar(long_run) as bar:
+    truth = _truth(args)
+    scenario = load_scenario(args.scenario)
+    seeds = 1 if args.seeds is None else args.seeds
+    with _ProgressBar(_long_run(scenario) and sys.stderr.isatty()) as bar:
         try:
-            run_policies(experiment, policies, failures=failures, progress=bar)
+            runs = run_seeds(
+                scenario, policies, seeds=seeds, base_seed=args.seed, truth=truth, failures=failures, progress=bar
+            )
         except SimulationError as err:
             raise ValueError(str(err)) from None
+    experiment = runs.first
     payload: dict[str, Any] = {
         "scenario": experiment.scenario.name,
         "cluster": experiment.scenario.cluster.name,
         "num_gpus": experiment.scenario.cluster.num_gpus,
-        "build_s": experiment.build_s,
-        "policies": {name: policy_payload(r) for name, r in experiment.results.items()},
-        "versus_frenzy": comparisons(experiment.results),
+        "build_s": sum(e.build_s for e in runs.experiments),
+        "truth": truth.describe(),
     }
+    if args.seeds is None:  # one run: the metrics themselves (contract 3)
+        payload["policies"] = {name: policy_payload(r, experiment.truth) for name, r in experiment.results.items()}
+        payload["versus_frenzy"] = comparisons(experiment.results)
+    else:  # means over the seeds, 95 % half-widths, the seeds
+        payload["seeds"] = seeds
+        payload["policies"] = seeded_payload(runs)
+        payload["versus_frenzy"] = compare_metrics(payload["policies"])
     if args.plot:
         payload["plots"] = [str(p) for p in write_plots(experiment, Path(args.plot))]
 
+    def hours(m: dict[str, Any], key: str) -> str:
+        ci = m.get(key.replace("_s", "_ci95_s"))
+        return f"{(m[key] or 0) / 3600:.2f}" + ("" if ci is None else f" ± {ci / 3600:.2f}")
+
     def render(console: Console) -> None:
         sc = experiment.scenario
-        table = Table(title=f"{sc.name}: {len(experiment.jobs)} jobs on {sc.cluster.name} ({sc.cluster.num_gpus} GPUs)")
+        title = f"{sc.name}: {len(experiment.jobs)} jobs on {sc.cluster.name} ({sc.cluster.num_gpus} GPUs), "
+        title += f"truth {truth.kind}" + ("" if args.seeds is None else f", mean ± 95 % CI over {seeds} seeds")
+        table = Table(title=title)
         for col in ("policy", "avg JCT h", "p50 h", "p99 h", "makespan h", "util", "decisions", "mean ms", "p99 ms",
                     "restarts"):  # fmt: skip
             table.add_column(col, justify="left" if col == "policy" else "right")
         for name, m in payload["policies"].items():
-            hours = (f"{(m[k] or 0) / 3600:.2f}" for k in ("avg_jct_s", "p50_jct_s", "p99_jct_s", "makespan_s"))
-            table.add_row(name, *hours,
-                          f"{m['utilization']:.1%}", str(m["num_decisions"]), f"{m['mean_decision_ms']:.3g}",
-                          f"{m['p99_decision_ms']:.3g}", str(m["restarts"]))  # fmt: skip
+            table.add_row(name, *(hours(m, k) for k in ("avg_jct_s", "p50_jct_s", "p99_jct_s", "makespan_s")),
+                          f"{m['utilization']:.1%}", f"{m['num_decisions']:.0f}", f"{m['mean_decision_ms']:.3g}",
+                          f"{m['p99_decision_ms']:.3g}", f"{m['restarts']:.0f}")  # fmt: skip
         console.print(table)
         for name, c in payload["versus_frenzy"].items():
             jct, ratio = c["avg_jct_reduction"], c["decision_time_ratio"]
@@ -554,25 +596,40 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    from frenzy_opt.report import write_report
+
     scenarios = args.scenarios or list(DEFAULT_COMPARE_SCENARIOS)
     policies = parse_policies(args.policy)
     for name in scenarios:
         resolve(name)  # fail fast on a bad name, before hours of simulation
+    truth = _truth(args)
     command = "frenzy compare" + (" " + " ".join(args.scenarios) if args.scenarios else "")
-    if args.policy != ",".join(DEFAULT_COMPARE_POLICIES):
-        command += f" --policy {args.policy}"
-    if args.out != DEFAULT_REPORT:
-        command += f" --out {args.out}"
-    if args.no_failures:
-        command += " --no-failures"
+    for flag, value, default in (
+        ("--policy", args.policy, ",".join(DEFAULT_COMPARE_POLICIES)),
+        ("--truth", args.truth, DEFAULT_COMPARE_TRUTH),
+        ("--seeds", args.seeds, DEFAULT_COMPARE_SEEDS),
+        ("--profiles", args.profiles, "sia"),
+        ("--profile-app", args.profile_app, None),
+        ("--out", args.out, DEFAULT_REPORT),
+    ):
+        if value != default:
+            command += f" {flag} {value}"
+    for flag, on in (("--no-failures", args.no_failures), ("--no-profiled", args.no_profiled)):
+        command += f" {flag}" if on else ""
+    extra: list[tuple[str, TruthSpec]] = []
+    if not args.no_profiled and truth.kind != TruthKind.PROFILED and SIA_TABLES.is_dir():
+        extra.append((DEFAULT_PROFILED_SCENARIO, truth_spec("profiled")))
     with _ProgressBar(sys.stderr.isatty()) as bar:
         out = write_report(
             scenarios,
             policies,
             Path(args.out),
+            truth=truth,
+            seeds=args.seeds,
             progress=bar,
             command=command,
             failures=None if args.no_failures else DEFAULT_FAILURES,
+            extra=extra,
         )
     _emit(args, {"report": str(out)}, lambda console: console.print(f"wrote {out}"))
     return 0
@@ -709,14 +766,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mtbf-h", type=float, help="inject node failures: mean time between failures per node (hours)")
     p.add_argument("--repair-s", type=float, default=1800.0, help="seconds a failed node stays down (default 1800)")
     p.add_argument("--checkpoint-s", type=float, default=1800.0, help="checkpoint interval of jobs (default 1800)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the failure process (default 0)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the failures and the noisy truth (default 0)")
+    _add_truth_args(p, "model")
+    p.add_argument("--seeds", type=int, help="run seeds SEED…SEED+N-1 (truth, failures, workload): means and 95 %% CIs")
     p = add("compare", "run policies on scenarios and write the Markdown comparison report", cmd_compare)
     p.add_argument("scenarios", nargs="*", help=f"scenarios (default: {' '.join(DEFAULT_COMPARE_SCENARIOS)})")
     p.add_argument("--policy", default=",".join(DEFAULT_COMPARE_POLICIES), help="comma-separated policies")
     p.add_argument("--out", default=DEFAULT_REPORT, help=f"report path (default {DEFAULT_REPORT})")
     p.add_argument("--no-failures", action="store_true", help=f"skip the failure experiment on {DEFAULT_FAILURES[0]}")
+    _add_truth_args(p, DEFAULT_COMPARE_TRUTH)
+    p.add_argument(
+        "--seeds", type=int, default=DEFAULT_COMPARE_SEEDS, help=f"seeds per scenario (default {DEFAULT_COMPARE_SEEDS})"
+    )
+    p.add_argument(
+        "--no-profiled", action="store_true", help=f"skip {DEFAULT_PROFILED_SCENARIO} under the profiled truth"
+    )
     p = add("serve", "run the HTTP service (FastAPI under uvicorn)", cmd_serve)
     p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--calibration", help="step-time calibration profile to plan with; the closed loop learns into it")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument(
         "--db", default="sqlite:///frenzy-opt.db", help="SQLAlchemy URL (default: SQLite file frenzy-opt.db)"

@@ -1,8 +1,17 @@
-"""Experiments over the simulator: run several policies on one scenario (``frenzy simulate``) and write the
-policy-vs-policy and heuristic-vs-optimal report (``frenzy compare``).
+"""Experiments over the simulator: run several policies on one scenario under one truth, for one seed or
+several (``frenzy simulate``, ``frenzy compare``; the report is :mod:`frenzy_opt.report`).
 
 Every policy of one experiment replays the same jobs (one :class:`~frenzy_opt.problem.OptionCache`: the same
-plans, step times and requests), so their numbers compare.
+plans, step times and requests) under the same truth, so their numbers compare.
+
+**Seeds** (``--seeds N``): run k = 0 … N−1 uses truth seed ``base + k`` (the noisy draw), failure seed
+``base + k`` (with ``--mtbf-h``) and, for a scenario with a ``workload:`` generator or trace mapping, workload
+seed = the scenario's + k: another sample of the same arrival process, sizes and model mix. So the 95 %
+interval covers the variation between workloads of the same distribution (and between noise draws), the
+question "does policy A beat B on workloads like this one"; with the model truth and explicit ``jobs:``
+every run is the same and the interval is 0. Run 0 is exactly the single-seed run. The reported metrics are
+means over the runs; ``avg_jct_ci95_s`` and ``p99_jct_ci95_s`` are Student-t half-widths
+(:mod:`frenzy_opt.stats`).
 """
 
 from __future__ import annotations
@@ -10,20 +19,26 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from frenzy_opt.machine import describe_machine
 from frenzy_opt.problem import OptionCache
 from frenzy_opt.scenario import Scenario, load_scenario
 from frenzy_opt.simplot import plot_jct_cdf, plot_sim_gantt, plot_utilization
-from frenzy_opt.simulator import Failures, SimJob, SimResult, SimulationError, Simulator, sim_jobs
+from frenzy_opt.simulator import Failures, ModelTruth, SimJob, SimResult, SimulationError, Simulator, Truth, sim_jobs
 from frenzy_opt.solvers.policies import make_policy, policy_names
+from frenzy_opt.stats import ci95_half_width, mean
 from frenzy_opt.topology import Topology
+from frenzy_opt.truth import TruthKind, TruthSpec
 
 DEFAULT_COMPARE_SCENARIOS = ("paper3type-llm", "sia64-llm", "cluster2048-llm")
 DEFAULT_COMPARE_POLICIES = ("frenzy", "fifo", "sia", "gavel", "optimal")
+# The report's truth and seeds (docs/simulator.md): the step-time model's cross-validated error, 8 seeds.
+DEFAULT_COMPARE_TRUTH = "noisy"
+DEFAULT_COMPARE_SEEDS = 8
+# Sia's own cluster, where Sia's measured tables cover every GPU type: the report's profiled-truth section.
+DEFAULT_PROFILED_SCENARIO = "sia64-llm"
 # The report's failure experiment: Sia-64 with every node failing once per 10 h on average (about a dozen
 # failures over the workload), an hour to repair and checkpoints every 30 minutes.
 DEFAULT_FAILURES = ("sia64-llm", Failures(node_mtbf_h=10.0, repair_s=3600.0, checkpoint_interval_s=1800.0, seed=0))
@@ -40,6 +55,9 @@ class Experiment:
     skipped: dict[str, str] = field(default_factory=dict)
     """Policies that could not run here, with the reason (e.g. ``optimal`` beyond its size limit)."""
     build_s: float = 0.0
+    truth: Truth = field(default_factory=ModelTruth)
+    cache: OptionCache | None = None
+    """The plan searches, shared with the experiments of the other seeds."""
 
 
 def parse_policies(text: str) -> list[str]:
@@ -53,14 +71,32 @@ def parse_policies(text: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def prepare(scenario: Scenario | str) -> Experiment:
-    """Load a scenario and build its jobs once (workload expanded, plans searched, requests made)."""
+def reseeded(scenario: Scenario, offset: int) -> Scenario:
+    """The scenario with its workload seed moved by ``offset`` (module docstring); explicit jobs unchanged."""
+    if scenario.workload is None or offset == 0:
+        return scenario
+    return replace(scenario, workload=replace(scenario.workload, seed=scenario.workload.seed + offset))
+
+
+def prepare(
+    scenario: Scenario | str, *, truth: Truth | None = None, seed_offset: int = 0, cache: OptionCache | None = None
+) -> Experiment:
+    """Load a scenario and build its jobs once (workload expanded with its seed moved by ``seed_offset``,
+    plans searched — or taken from ``cache`` — requests made)."""
     started = time.perf_counter()
     if isinstance(scenario, str):
         scenario = load_scenario(scenario)
-    topology = Topology(scenario.cluster)
-    jobs, topology = sim_jobs(scenario, OptionCache(scenario.cluster, topology))
-    return Experiment(scenario=scenario, topology=topology, jobs=jobs, build_s=time.perf_counter() - started)
+    if cache is None:
+        cache = OptionCache(scenario.cluster, Topology(scenario.cluster))
+    jobs, topology = sim_jobs(reseeded(scenario, seed_offset), cache)
+    return Experiment(
+        scenario=scenario,
+        topology=topology,
+        jobs=jobs,
+        build_s=time.perf_counter() - started,
+        truth=truth if truth is not None else ModelTruth(),
+        cache=cache,
+    )
 
 
 def run_policies(
@@ -79,7 +115,14 @@ def run_policies(
         policy = make_policy(name, **settings.get(name, {}))
         report = None if progress is None else (lambda done, total, n=name: progress(n, done, total))
         try:
-            sim = Simulator(experiment.topology, experiment.jobs, policy, failures=failures, progress=report)  # type: ignore[arg-type]
+            sim = Simulator(
+                experiment.topology,
+                experiment.jobs,
+                policy,  # type: ignore[arg-type]
+                failures=failures,
+                truth=experiment.truth,
+                progress=report,
+            )
             experiment.results[name] = sim.run()
         except SimulationError as err:
             if not skip_infeasible or name != "optimal":
@@ -88,22 +131,49 @@ def run_policies(
     return experiment
 
 
-def policy_payload(result: SimResult) -> dict[str, Any]:
-    """Contract 3's per-policy keys (NaN, e.g. no finished job, as null)."""
-    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in result.metrics().items()}
+def _null_nan(metrics: dict[str, Any]) -> dict[str, Any]:
+    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in metrics.items()}
+
+
+def truth_metrics(result: SimResult, truth: Truth) -> dict[str, float | int]:
+    """Where the truth had no figure of its own and used the model's (:meth:`Truth.falls_back`): runs
+    (segments) and their share of the GPU-seconds held."""
+    runs, held, fallback_held = 0, 0.0, 0.0
+    for state in result.jobs.values():
+        for seg in state.segments:
+            option = state.job.per_count.get((seg.gpu_type, seg.num_gpus))
+            gpu_s = seg.num_gpus * (seg.end_s - seg.start_s)
+            held += gpu_s
+            if option is None or truth.falls_back(state.job, option):
+                runs += 1
+                fallback_held += gpu_s
+    return {"truth_fallback_runs": runs, "truth_fallback_gpu_share": fallback_held / held if held else 0.0}
+
+
+def policy_payload(result: SimResult, truth: Truth | None = None) -> dict[str, Any]:
+    """Contract 3's per-policy keys (NaN, e.g. no finished job, as null); with a truth that can fall back
+    to the model, how often it did (:func:`truth_metrics`)."""
+    metrics: dict[str, Any] = dict(result.metrics())
+    if truth is not None and truth.name != TruthKind.MODEL:
+        metrics.update(truth_metrics(result, truth))
+    return _null_nan(metrics)
 
 
 def comparisons(results: dict[str, SimResult], reference: str = "frenzy") -> dict[str, dict[str, float]]:
     """``reference`` against every other policy: relative avg/p99 JCT reduction (positive = reference
     better) and the ratio of mean decision times (other / reference)."""
-    if reference not in results:
+    return compare_metrics({name: dict(r.metrics()) for name, r in results.items()}, reference)
+
+
+def compare_metrics(metrics: dict[str, dict[str, Any]], reference: str = "frenzy") -> dict[str, dict[str, float]]:
+    """:func:`comparisons` on metric dicts (e.g. the means over seeds)."""
+    if reference not in metrics:
         return {}
-    ref = results[reference].metrics()
+    ref = metrics[reference]
     out = {}
-    for name, result in results.items():
+    for name, other in metrics.items():
         if name == reference:
             continue
-        other = result.metrics()
         out[name] = {
             "avg_jct_reduction": 1 - float(ref["avg_jct_s"]) / float(other["avg_jct_s"]),
             "p99_jct_reduction": 1 - float(ref["p99_jct_s"]) / float(other["p99_jct_s"]),
@@ -130,115 +200,77 @@ def write_plots(experiment: Experiment, directory: Path, gantt_policy: str | Non
     return paths
 
 
-# --- the comparison report ----------------------------------------------------------------------------
+# --- several seeds -------------------------------------------------------------------------------------
 
 
-def _h(seconds: object) -> str:
-    return "-" if not isinstance(seconds, int | float) or math.isnan(seconds) else f"{seconds / 3600:.2f}"
+@dataclass
+class SeededRuns:
+    """One scenario's experiments, one per seed (module docstring)."""
+
+    seeds: list[int]
+    experiments: list[Experiment]
+    truth: TruthSpec
+
+    @property
+    def first(self) -> Experiment:
+        return self.experiments[0]
+
+    def policies(self) -> list[str]:
+        """Policies that ran under every seed, in the order they ran."""
+        return [n for n in self.first.results if all(n in e.results for e in self.experiments)]
 
 
-def _ms(value: object) -> str:
-    return "-" if not isinstance(value, int | float) else f"{value:.3g}"
-
-
-def report_section(
-    experiment: Experiment, figures: list[Path], report_dir: Path, failures: Failures | None = None
-) -> list[str]:
-    """Markdown for one scenario: metrics per policy, frenzy vs each, heuristic vs optimal, figures."""
-    sc = experiment.scenario
-    title = sc.name
-    if failures is not None:
-        title += (
-            f" with node failures (MTBF {failures.node_mtbf_h:g} h per node, repair {failures.repair_s:g} s, "
-            f"checkpoints every {failures.checkpoint_interval_s:g} s, seed {failures.seed})"
-        )
-    lines = [
-        f"## {title} — {len(experiment.jobs)} jobs on {sc.cluster.name} ({sc.cluster.num_gpus} GPUs: "
-        + ", ".join(f"{experiment.topology.num_gpus_of(t)} x {t}" for t in experiment.topology.gpu_types)
-        + ")",
-        "",
-        f"Jobs built (workload mapped, plans searched) in {experiment.build_s:.1f} s.",
-        "",
-        "| policy | avg JCT h | p50 JCT h | p99 JCT h | makespan h | utilization | decisions | mean decision ms "
-        "| p99 decision ms | restarts | failures | sim wall s |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for name, result in experiment.results.items():
-        m = result.metrics()
-        lines.append(
-            f"| {name} | {_h(m['avg_jct_s'])} | {_h(m['p50_jct_s'])} | {_h(m['p99_jct_s'])} | {_h(m['makespan_s'])} "
-            f"| {float(m['utilization']):.1%} | {m['num_decisions']} | {_ms(m['mean_decision_ms'])} "
-            f"| {_ms(m['p99_decision_ms'])} | {m['restarts']} | {m['failures']} | {float(m['sim_wall_s']):.1f} |"
-        )
-    for name, reason in experiment.skipped.items():
-        lines.append(f"| {name} | skipped: {reason} | | | | | | | | | | |")
-    versus = comparisons(experiment.results)
-    if versus:
-        lines += [
-            "",
-            "`frenzy` against each policy (positive = frenzy lower; ratio = the other's mean decision time over "
-            "frenzy's):",
-            "",
-            "| vs | avg JCT reduction | p99 JCT reduction | decision time ratio |",
-            "|---|---:|---:|---:|",
-        ]
-        for name, c in versus.items():
-            lines.append(
-                f"| {name} | {c['avg_jct_reduction']:+.1%} | {c['p99_jct_reduction']:+.1%} "
-                f"| {c['decision_time_ratio']:.3g}x |"
-            )
-    if "optimal" in experiment.results and "frenzy" in experiment.results:
-        opt = experiment.results["optimal"].metrics()
-        fr = experiment.results["frenzy"].metrics()
-        gap = float(fr["avg_jct_s"]) / float(opt["avg_jct_s"]) - 1
-        lines += [
-            "",
-            f"Heuristic vs optimal: the greedy HAS's average JCT is {gap:+.1%} from the offline CP-SAT schedule "
-            f"of the same options (non-preemptive, all arrivals known; CP-SAT's schedule is optimal only where it "
-            f"proved it within its time limit).",
-        ]
-    lines += [""]
-    for path in figures:
-        rel = path.relative_to(report_dir) if path.is_relative_to(report_dir) else path
-        lines.append(f"![{path.stem}]({rel.as_posix()})")
-    lines.append("")
-    return lines
-
-
-def write_report(
-    scenarios: Sequence[str],
+def run_seeds(
+    scenario: Scenario | str,
     policies: Sequence[str],
-    out: Path,
     *,
+    seeds: int = 1,
+    base_seed: int = 0,
+    truth: TruthSpec | None = None,
+    failures: Failures | None = None,
     progress: Progress | None = None,
-    command: str = "",
-    failures: tuple[str, Failures] | None = DEFAULT_FAILURES,
-) -> Path:
-    """Run every policy on every scenario and write the Markdown report ``out`` (figures next to it, in
-    ``<out stem>/``)."""
-    figures_dir = out.parent / out.stem
-    lines = [
-        "# Policy comparison: frenzy vs fifo, sia, gavel and the offline optimum",
-        "",
-        f"Regenerate: `{command or 'frenzy compare'}`. Machine: {describe_machine()}.",
-        "",
-        "Policies (docs/simulator.md): `frenzy` = MARP plans + greedy HAS (online, non-preemptive); `fifo` = the "
-        "users' own requests, FIFO per GPU type; `sia` = Sia's goodput ILP every 60 s (elastic, preemptive); "
-        "`gavel` = max-sum-throughput time shares, 360 s rounds (rigid, preemptive); `optimal` = the offline "
-        "CP-SAT schedule (clairvoyant, non-preemptive), tried on scenarios of up to 60 jobs. Scheduling overhead "
-        "= wall time of each decision on this machine.",
-        "",
-    ]
-    for name in scenarios:
-        experiment = run_policies(prepare(name), policies, progress=progress, skip_infeasible=True)
-        figures = write_plots(experiment, figures_dir)
-        lines += report_section(experiment, figures, out.parent)
-    if failures is not None:
-        name, spec = failures
-        experiment = run_policies(
-            prepare(name), [p for p in policies if p != "optimal"], failures=spec, progress=progress
-        )
-        lines += report_section(experiment, [], out.parent, failures=spec)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("\n".join(lines), encoding="utf-8")
+    skip_infeasible: bool = False,
+    cache: OptionCache | None = None,
+) -> SeededRuns:
+    """Every policy on ``scenario`` for seeds ``base_seed`` … ``base_seed + seeds - 1`` (module docstring);
+    the plan searches are shared between the seeds (``cache``: e.g. one with another step-time model)."""
+    if seeds < 1:
+        raise ValueError(f"--seeds must be >= 1, got {seeds}")
+    spec = truth if truth is not None else TruthSpec()
+    if isinstance(scenario, str):
+        scenario = load_scenario(scenario)
+    runs = SeededRuns(seeds=[], experiments=[], truth=spec)
+    for k in range(seeds):
+        seed = base_seed + k
+        experiment = prepare(scenario, truth=spec.make(seed), seed_offset=k, cache=cache)
+        cache = experiment.cache
+        seeded_failures = None if failures is None else replace(failures, seed=failures.seed + k)
+        run_policies(experiment, policies, failures=seeded_failures, progress=progress, skip_infeasible=skip_infeasible)
+        runs.seeds.append(seed)
+        runs.experiments.append(experiment)
+    return runs
+
+
+def _mean_of(values: list[Any]) -> Any:
+    if any(v is None or isinstance(v, bool) or not isinstance(v, int | float) for v in values):
+        return None
+    return mean([float(v) for v in values])
+
+
+def seeded_payload(runs: SeededRuns) -> dict[str, dict[str, Any]]:
+    """Per policy: every metric's mean over the seeds, ``avg_jct_ci95_s`` and ``p99_jct_ci95_s`` (Student-t
+    95 % half-widths; null for one seed) and ``per_seed`` (seed, avg and p99 JCT)."""
+    out: dict[str, dict[str, Any]] = {}
+    for name in runs.policies():
+        per = [policy_payload(e.results[name], e.truth) for e in runs.experiments]
+        payload = {key: _mean_of([p[key] for p in per]) for key in per[0]}
+        for key in ("avg_jct_s", "p99_jct_s"):
+            values = [p[key] for p in per]
+            ok = all(isinstance(v, int | float) for v in values)
+            payload[key.replace("_s", "_ci95_s")] = ci95_half_width([float(v) for v in values]) if ok else None
+        payload["per_seed"] = [
+            {"seed": seed, "avg_jct_s": p["avg_jct_s"], "p99_jct_s": p["p99_jct_s"]}
+            for seed, p in zip(runs.seeds, per, strict=True)
+        ]
+        out[name] = payload
     return out

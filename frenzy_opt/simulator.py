@@ -8,9 +8,12 @@ double-book a GPU, start a job twice or place it against the placement rule — 
 :class:`SimulationError` when one tries.
 
 **Jobs and time.** A job's work is its ``train_steps``; on an option it progresses at one step per
-``plan.step_time_s`` (the step-time model, :mod:`frenzy_opt.steptime`, is the simulated truth for every
-policy). A start after the first (a preemption or a failure) first pays the job's restart cost — reloading
-its checkpoint and rebuilding the process group — before progressing; the first start pays nothing.
+:meth:`Truth.step_s` seconds. The truth is the simulator's, not the policies': by default
+(:class:`ModelTruth`) the plan's predicted ``step_time_s`` (the step-time model, :mod:`frenzy_opt.steptime`),
+else a noisy or a profiled truth (:mod:`frenzy_opt.truth`). Policies plan with the predictions
+(:meth:`SimJob.step_s`) and what they have observed (:meth:`Simulator.observed_step_s`). A start after the
+first (a preemption or a failure) first pays the job's restart cost — reloading its checkpoint and rebuilding
+the process group — before progressing; the first start pays nothing.
 A preemption checkpoints (no progress lost); a failure loses the progress since the job's last periodic
 checkpoint.
 
@@ -80,7 +83,34 @@ class SimJob:
     restart_s: float
 
     def step_s(self, option: Option) -> float:
+        """The *predicted* seconds per step on ``option`` (the step-time model's): what a policy knows."""
         return option.plan.step_time_s or option.duration_s
+
+
+class Truth(Protocol):
+    """How fast a job really runs in the simulation: real seconds per training step on an option. Must be
+    a pure function of (job, option) within one replay (a restart on the same option runs at the same
+    speed)."""
+
+    name: str
+
+    def step_s(self, job: SimJob, option: Option) -> float: ...
+
+    def falls_back(self, job: SimJob, option: Option) -> bool:
+        """Whether the truth has no figure of its own for this option and uses the model's prediction."""
+
+
+class ModelTruth:
+    """The step-time model's prediction is the truth (every policy is then judged on the same physics and
+    none pays for prediction error)."""
+
+    name = "model"
+
+    def step_s(self, job: SimJob, option: Option) -> float:
+        return job.step_s(option)
+
+    def falls_back(self, job: SimJob, option: Option) -> bool:
+        return False
 
 
 @dataclass(slots=True)
@@ -108,6 +138,8 @@ class JobState:
     status: str = "pending"  # pending -> queued -> running -> (queued ...) -> done
     option: Option | None = None
     nodes: tuple[int, ...] = ()
+    step_s: float = 0.0
+    """True seconds per step of the current run (the simulator's truth)."""
     started_s: float = 0.0
     progress_from_s: float = 0.0
     """When the current run started progressing (after its restart cost)."""
@@ -264,11 +296,13 @@ class Simulator:
         policy: Policy,
         *,
         failures: Failures | None = None,
+        truth: Truth | None = None,
         progress: Callable[[int, int], None] | None = None,
         max_idle_ticks: int = 1000,
     ) -> None:
         self.topology = topology
         self.policy = policy
+        self.truth: Truth = truth if truth is not None else ModelTruth()
         self.failures = failures
         self.progress = progress
         self.max_idle_ticks = max_idle_ticks
@@ -283,6 +317,7 @@ class Simulator:
         self._seq = 0
         self._finished = 0
         self._rng = random.Random(failures.seed if failures else 0)
+        self._observed: dict[tuple[str, str, int], float] = {}
 
     # --- events --------------------------------------------------------------------------------------
 
@@ -372,6 +407,20 @@ class Simulator:
         """Make an event-driven policy decide again at ``when`` (e.g. a planned start)."""
         self._push(max(when, self.now), WAKE)
 
+    def observed_step_s(self, job_id: str, gpu_type: str, num_gpus: int) -> float | None:
+        """The true seconds per step of ``job_id`` on ``num_gpus`` x ``gpu_type`` if the job has made
+        progress there before now (a past run, or the current one past its restart), else None: what a
+        scheduler that measures running jobs knows (Sia and Gavel learn throughput this way)."""
+        key = (job_id, gpu_type, num_gpus)
+        seen = self._observed.get(key)
+        if seen is not None:
+            return seen
+        state = self.running.get(job_id)
+        option = None if state is None else state.option
+        if state is not None and option is not None and state.progress_from_s < self.now:
+            return state.step_s if (option.gpu_type, option.num_gpus) == (gpu_type, num_gpus) else None
+        return None
+
     def _stuck_message(self) -> str:
         waiting = sorted(self.queue)[:5]
         return f"{self.policy.name}: jobs {waiting} can never start (nothing running, no event left that frees GPUs)"
@@ -424,15 +473,18 @@ class Simulator:
         state.epoch += 1
         if state.first_start_s is None:
             state.first_start_s = self.now
-        end = state.progress_from_s + state.remaining * state.job.step_s(option)
+        state.step_s = self.truth.step_s(state.job, option)
+        end = state.progress_from_s + state.remaining * state.step_s
         self._push(end, COMPLETION, state.job.id, state.epoch)
 
     def _end_run(self, state: JobState, *, finished: bool, keep_progress: bool) -> None:
         """Close the current run of a running job at ``now``: progress, segment, GPUs back."""
         option = state.option
         assert option is not None
-        step_s = state.job.step_s(option)
+        step_s = state.step_s
         ran_s = max(self.now - state.progress_from_s, 0.0)
+        if ran_s > 0:
+            self._observed[(state.job.id, option.gpu_type, option.num_gpus)] = step_s
         if finished:
             state.remaining = 0.0
         elif keep_progress:
@@ -499,11 +551,12 @@ def simulate(
     policy: Policy,
     *,
     failures: Failures | None = None,
+    truth: Truth | None = None,
     cache: OptionCache | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> SimResult:
     jobs, topology = sim_jobs(scenario, cache)
-    return Simulator(topology, jobs, policy, failures=failures, progress=progress).run()
+    return Simulator(topology, jobs, policy, failures=failures, truth=truth, progress=progress).run()
 
 
 def check_result(result: SimResult, topology: Topology) -> list[str]:

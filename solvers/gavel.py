@@ -8,9 +8,13 @@ X[j, t] each job spends on each type:
     maximise  sum_j sum_t X[j, t] * T[j, t] / max_t T[j, t]
     s.t.      sum_t X[j, t] <= 1,   sum_j X[j, t] * n_j <= GPUs of type t,   X >= 0,
 
-T = throughput (steps/s) from the shared step-time model; dividing each job by its best throughput makes the
-objective the sum of normalised throughputs, so large and small models count alike (Gavel §4.2 normalises
-throughputs per job in its policies). The LP is re-solved when the set of active jobs changes.
+T = throughput (steps/s) as Gavel would know it (:func:`frenzy_opt.solvers.roundbased.known_step_s`): the
+measured (true) one once the job has run on the type, the step-time model's prediction before (Gavel
+profiles or estimates throughputs; the prediction stands in); ``gavel-oracle`` knows every true throughput
+from the start. Dividing each job by its best throughput makes the objective the sum of normalised
+throughputs, so large and small models count alike (Gavel §4.2 normalises throughputs per job in its
+policies). The LP is re-solved when the set of active jobs changes or a throughput it used was revised by a
+measurement.
 
 Every round (360 s, Gavel's default) the mechanism (§5) grants GPUs: jobs are ranked by priority
 X[j, t] / (share of time received on t since arrival), unserved shares first, and granted their type if
@@ -23,7 +27,7 @@ from __future__ import annotations
 from frenzy_opt.problem import Option
 from frenzy_opt.simulator import Action, SimJob
 from frenzy_opt.solvers.policies import _Base, place, register_policy
-from frenzy_opt.solvers.roundbased import apply_allocations, solve_highs
+from frenzy_opt.solvers.roundbased import apply_allocations, known_step_s, solve_highs
 
 
 @register_policy("gavel")
@@ -31,11 +35,15 @@ class GavelPolicy(_Base):
     """Max-sum-throughput time shares + round-based grants (module docstring)."""
 
     name = "gavel"
+    oracle = False
+    """True: every true throughput is known from the start (``gavel-oracle``)."""
 
     def __init__(self, round_s: float = 360.0, time_limit_s: float = 30.0) -> None:
         super().__init__()
         self.round_s = float(round_s)
         self.time_limit_s = time_limit_s
+        self.used: dict[tuple[str, str], float] = {}
+        """Seconds per step of each (job, GPU type) the last LP used."""
         self.shares: dict[tuple[str, str], float] = {}
         self.received: dict[tuple[str, str], float] = {}
         self._active: frozenset[str] = frozenset()
@@ -45,7 +53,18 @@ class GavelPolicy(_Base):
         count = job.request.num_gpus
         return {t: o for (t, n), o in job.per_count.items() if n == count}
 
-    def _solve_shares(self, active: list[str]) -> None:
+    def _known(self, active: list[str]) -> dict[tuple[str, str], float]:
+        """Seconds per step of every active job on every type, as Gavel knows them now."""
+        sim = self.sim
+        assert sim is not None
+        known = {}
+        for job_id in active:
+            job = sim.jobs[job_id].job
+            for gpu_type, option in self._options(job).items():
+                known[(job_id, gpu_type)] = known_step_s(sim, job, option, oracle=self.oracle)
+        return known
+
+    def _solve_shares(self, active: list[str], known: dict[tuple[str, str], float]) -> None:
         sim = self.sim
         assert sim is not None
         columns: list[tuple[str, str, Option]] = []
@@ -53,10 +72,10 @@ class GavelPolicy(_Base):
         for job_id in active:
             job = sim.jobs[job_id].job
             options = self._options(job)
-            best = max(1.0 / job.step_s(o) for o in options.values())
+            best = max(1.0 / known[(job_id, t)] for t in options)
             for gpu_type, option in options.items():
                 columns.append((job_id, gpu_type, option))
-                cost.append(-(1.0 / job.step_s(option)) / best)
+                cost.append(-(1.0 / known[(job_id, gpu_type)]) / best)
         rows: list[tuple[list[int], list[float], float]] = []
         by_job: dict[str, list[int]] = {}
         by_type: dict[str, list[int]] = {}
@@ -82,9 +101,11 @@ class GavelPolicy(_Base):
         active = sorted([*sim.running, *sim.queue])
         if not active:
             return []
-        if frozenset(active) != self._active:
-            self._solve_shares(active)
+        known = self._known(active)
+        if frozenset(active) != self._active or known != self.used:
+            self._solve_shares(active, known)
             self._active = frozenset(active)
+            self.used = known
         ranked = []
         for (job_id, gpu_type), share in self.shares.items():
             if job_id not in sim.jobs or sim.jobs[job_id].status == "done":
@@ -119,3 +140,11 @@ class GavelPolicy(_Base):
                 free[n] -= option.gpus_per_node
             wanted[job_id] = option
         return apply_allocations(sim, wanted)
+
+
+@register_policy("gavel-oracle")
+class GavelOraclePolicy(GavelPolicy):
+    """``gavel`` told every true throughput up front (not a real policy: Gavel with perfect profiles)."""
+
+    name = "gavel-oracle"
+    oracle = True

@@ -1,14 +1,19 @@
 """Simulator policies (:class:`frenzy_opt.simulator.Policy`) and their registry.
 
 * ``frenzy`` — MARP plans + the greedy HAS (:mod:`frenzy_opt.solvers.greedy`), deciding at every arrival and
-  completion, non-preemptive: the same :class:`GreedyState` ``frenzy solve`` replays.
+  completion, non-preemptive: the same :class:`GreedyState` ``frenzy solve`` replays. It plans with its own
+  predictions (the step-time model's step times x the job's steps), so under a truth other than the model
+  its estimated ends are wrong and it pays for that; a running job past its estimated end counts as ending
+  now in its estimates. ``frenzy-oracle`` is the same policy told every option's true step time.
 * ``fifo`` — a plain cluster: each job runs the request its user made by hand (GPU type and count, see
   :mod:`frenzy_opt.tracemap`), with the fastest plan for that count. One FIFO queue per GPU type (a
   partition per type, as Slurm sites configure heterogeneous clusters); a queue's head blocks only its
   own type. No backfilling.
 * ``optimal`` — the CP-SAT schedule of the whole workload (:mod:`frenzy_opt.solvers.cpsat`), computed once
   with all arrivals known (offline, clairvoyant) and replayed; tractable for tens of jobs. Its decision
-  time is the solve time.
+  time is the solve time. It plans with predicted durations; under another truth a planned start whose
+  GPUs are still held (an earlier job ran longer than predicted) takes any placement of the same option
+  that fits, else waits until one does.
 * ``sia`` and ``gavel`` — :mod:`frenzy_opt.solvers.sia`, :mod:`frenzy_opt.solvers.gavel`.
 
 Placement on the simulator's ledger follows the shared rule (:mod:`frenzy_opt.topology`): inside one node by
@@ -94,6 +99,8 @@ class FrenzyPolicy(_Base):
     as ``frenzy solve`` does."""
 
     name = "frenzy"
+    oracle = False
+    """True: plan with the simulator's true step times instead of the predictions (``frenzy-oracle``)."""
 
     def __init__(self, max_options_per_type: int = 4) -> None:
         super().__init__()
@@ -119,13 +126,17 @@ class FrenzyPolicy(_Base):
     def _enqueue(self, job: SimJob, remaining: float) -> None:
         assert self.state is not None
         chosen = self._thin(job.options)
+        assert self.sim is not None
         restart = job.restart_s if remaining < job.steps else 0.0
+        truth = self.sim.truth
         scaled = tuple(
             Option(
                 gpu_type=o.gpu_type,
                 num_gpus=o.num_gpus,
                 whole_nodes=o.whole_nodes,
-                duration_s=float(math.ceil(restart + (o.plan.step_time_s or o.duration_s) * remaining)),
+                duration_s=float(
+                    math.ceil(restart + (truth.step_s(job, o) if self.oracle else job.step_s(o)) * remaining)
+                ),
                 plan=o.plan,
             )
             for o in chosen
@@ -158,6 +169,15 @@ class FrenzyPolicy(_Base):
             index = next(i for i, o in enumerate(scaled) if o is a.option)
             actions.append(Start(job=a.job, option=originals[index], nodes=a.nodes))
         return actions
+
+
+@register_policy("frenzy-oracle")
+class FrenzyOraclePolicy(FrenzyPolicy):
+    """``frenzy`` told the true step time of every option (not a real policy: what its prediction errors
+    cost it)."""
+
+    name = "frenzy-oracle"
+    oracle = True
 
 
 @register_policy("fifo")
@@ -243,7 +263,22 @@ class OptimalPolicy(_Base):
             self._solve()
             self._solved = True
         actions: list[Action] = []
+        free = list(self.sim.free)
         for job_id in [j for j, (start, _, _) in self.plan.items() if start <= now and j in self.sim.queue]:
-            _, option, nodes = self.plan.pop(job_id)
+            _, option, planned = self.plan[job_id]
+            nodes = planned if self._fits(option, planned, free) else place(self.sim, option, free)
+            if nodes is None:
+                continue  # an earlier job still holds the GPUs (it ran longer than predicted): wait
+            del self.plan[job_id]
+            for n in nodes:
+                free[n] -= option.gpus_per_node
             actions.append(Start(job=job_id, option=option, nodes=nodes))
         return actions
+
+    def _fits(self, option: Option, nodes: tuple[int, ...], free: list[int]) -> bool:
+        assert self.sim is not None
+        full = [self.sim.topology.nodes[n].num_gpus for n in nodes]
+        return all(
+            self.sim.up[n] and free[n] >= option.gpus_per_node and (not option.whole_nodes or free[n] == size)
+            for n, size in zip(nodes, full, strict=True)
+        )

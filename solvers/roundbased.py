@@ -1,5 +1,6 @@
-"""What the round-based baselines (``sia``, ``gavel``) share: a HiGHS model builder and the two-stage
-placement that turns per-job allocations (GPU type, count) into nodes on the simulator's ledger."""
+"""What the round-based baselines (``sia``, ``gavel``) share: what they know of a job's speed, a HiGHS model
+builder and the two-stage placement that turns per-job allocations (GPU type, count) into nodes on the
+simulator's ledger."""
 
 from __future__ import annotations
 
@@ -11,10 +12,22 @@ import highspy
 import numpy as np
 
 from frenzy_opt.problem import Option
-from frenzy_opt.simulator import Action, Simulator, Start, Stop
+from frenzy_opt.simulator import Action, SimJob, Simulator, Start, Stop
 from frenzy_opt.solvers.policies import place
 
 _BANNER_SHOWN: list[bool] = []
+
+
+def known_step_s(sim: Simulator, job: SimJob, option: Option, *, oracle: bool = False) -> float:
+    """Seconds per step of ``job`` on ``option`` as a measuring scheduler knows them: the true value once
+    the job has run on that (GPU type, GPU count) (:meth:`Simulator.observed_step_s`: Sia and Gavel measure
+    running jobs), before that the step-time model's prediction (Sia profiles and Gavel estimates
+    throughput; the prediction stands in for both, with the same error frenzy has). ``oracle``: the true
+    value always (the ``-oracle`` variants)."""
+    if oracle:
+        return sim.truth.step_s(job, option)
+    seen = sim.observed_step_s(job.id, option.gpu_type, option.num_gpus)
+    return job.step_s(option) if seen is None else seen
 
 
 def _highs() -> highspy.Highs:

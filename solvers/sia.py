@@ -8,10 +8,12 @@ beyond — by an integer program over normalised goodputs, then places the chose
 Parameters and how each follows the paper and its public artefact:
 
 * goodput G[j, c] = the job's training throughput on configuration c: the fastest memory-feasible plan with
-  exactly that GPU type and count from the same plans ``frenzy`` uses (``SimJob.per_count``; Sia learns it by
-  profiling, we hand it the model's prediction — a stronger Sia, never a weaker one). The global batch is
-  fixed by the spec, so statistical efficiency is 1 and goodput = throughput. Each row is divided by its
-  minimum over the job's allowed configurations.
+  exactly that GPU type and count from the same plans ``frenzy`` uses (``SimJob.per_count``). Its speed is
+  what Sia would know (:func:`frenzy_opt.solvers.roundbased.known_step_s`): the measured (true) one once the
+  job has run on that configuration, the model's prediction before (Sia profiles each job briefly and fits
+  a throughput model; the prediction stands in). ``sia-oracle`` knows every true speed from the start. The
+  global batch is fixed by the spec, so statistical efficiency is 1 and goodput = throughput. Each row is
+  divided by its minimum over the job's allowed configurations.
 * objective: minimise sum x[j, c] * G[j, c]^p + lambda_n * (#jobs - #allocated), p = -0.5 (the fairness knob;
   for p < 0 Sia minimises), lambda_n = 1.1, G^p rounded to 2 decimals as in the artefact; x binary, at most
   one configuration per job, GPUs per type <= the type's GPUs that are up, and (ours, so that every
@@ -30,7 +32,7 @@ from __future__ import annotations
 from frenzy_opt.problem import Option
 from frenzy_opt.simulator import Action, Simulator, Start
 from frenzy_opt.solvers.policies import _Base, register_policy
-from frenzy_opt.solvers.roundbased import apply_allocations, solve_highs
+from frenzy_opt.solvers.roundbased import apply_allocations, known_step_s, solve_highs
 
 
 def sia_counts(sim: Simulator, gpu_type: str) -> set[int]:
@@ -52,6 +54,8 @@ class SiaPolicy(_Base):
     """Sia's round-based goodput ILP (module docstring)."""
 
     name = "sia"
+    oracle = False
+    """True: every configuration's true speed is known from the start (``sia-oracle``)."""
 
     def __init__(
         self, round_s: float = 60.0, p: float = -0.5, lambda_n: float = 1.1, time_limit_s: float = 30.0
@@ -107,10 +111,11 @@ class SiaPolicy(_Base):
             if not allowed:
                 continue
             pinned = state.status == "running" and state.progress_from_s > now  # restarting: keep it
-            base = min(1.0 / state.job.step_s(o) for o in allowed)
+            speed = {id(o): 1.0 / known_step_s(sim, state.job, o, oracle=self.oracle) for o in allowed}
+            base = min(speed.values())
             factor = self._realloc_factor(job_id, now) if state.status == "running" else 1.0
             for option in allowed:
-                goodput = (1.0 / state.job.step_s(option)) / base
+                goodput = speed[id(option)] / base
                 if state.status == "running" and option is not state.option:
                     goodput *= factor
                     if pinned:
@@ -151,3 +156,11 @@ class SiaPolicy(_Base):
             if state.option is not None and wanted.get(job_id) is state.option:
                 self.largest[job_id] = max(self.largest.get(job_id, 0), state.option.num_gpus)
         return actions
+
+
+@register_policy("sia-oracle")
+class SiaOraclePolicy(SiaPolicy):
+    """``sia`` told every configuration's true speed up front (not a real policy: Sia with perfect profiles)."""
+
+    name = "sia-oracle"
+    oracle = True
