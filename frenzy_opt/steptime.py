@@ -122,6 +122,8 @@ ELEMENTWISE_PASSES = 12.0
 # Starting value of the fixed cost per layer and micro-batch: some 40 kernels forward and backward at about
 # 5 us of launch each (CUDA C++ Best Practices Guide, "Kernel launch overhead").
 LAYER_OVERHEAD_S = 2e-4
+# Starting value of FlashAttention's efficiency relative to the GEMMs' (Shah et al. 2024: 35-75 % of peak).
+ATTENTION_EFFICIENCY = 0.6
 
 # fp8 casting: each element quantised is read in bf16 (2 bytes) and written in fp8 (1 byte).
 FP8_CAST_BYTES = 3
@@ -232,9 +234,11 @@ class StepTimeModel:
     forward, by runtime (fused kernels in Megatron and Transformer Engine, one kernel per op in eager
     PyTorch); the backward makes twice as many. A runtime without a fit takes the mean of the fitted ones,
     else :data:`ELEMENTWISE_PASSES`."""
-    attention_efficiency: float = 0.6
-    """FlashAttention's fraction of the GEMM efficiency (FlashAttention-2 reaches about 35 % of the H100
-    peak, FlashAttention-3 75 %: Shah et al. 2024, Sec. 1)."""
+    attention_efficiency: dict[str, float] = field(default_factory=dict)
+    """FlashAttention's fraction of the GEMM efficiency, by runtime: the kernels differ (FlashAttention-2,
+    which PyTorch's SDPA runs, reaches about 35 % of the H100 peak, cuDNN's and FlashAttention-3's Hopper
+    kernels about 75 %: Shah et al. 2024, Sec. 1); a runtime without a fit takes the mean of the fitted
+    ones, else :data:`ATTENTION_EFFICIENCY`."""
     layer_overhead_s: dict[str, float] = field(default_factory=dict)
     """Fixed seconds per layer and micro-batch, forward and backward (kernel launches and framework work),
     by runtime; a runtime without a fit takes the mean of the fitted ones, else :data:`LAYER_OVERHEAD_S`."""
@@ -263,6 +267,16 @@ class StepTimeModel:
         if self.elementwise_passes:
             return statistics.fmean(self.elementwise_passes.values())
         return ELEMENTWISE_PASSES
+
+    def attention_efficiency_of(self, runtime: str) -> float:
+        """The runtime's FlashAttention efficiency, else the one for every runtime (key ``"*"``)."""
+        if runtime in self.attention_efficiency:
+            return self.attention_efficiency[runtime]
+        if "*" in self.attention_efficiency:
+            return self.attention_efficiency["*"]
+        if self.attention_efficiency:
+            return statistics.fmean(self.attention_efficiency.values())
+        return ATTENTION_EFFICIENCY
 
     def layer_overhead_of(self, runtime: str) -> float:
         if runtime in self.layer_overhead_s:
@@ -456,7 +470,7 @@ def evaluate_terms(t: StepTerms, gpu: GpuType, links: Links, model: StepTimeMode
     hbm = gpu.hbm_gbps * 1e9
     flash = gpu.architecture in FLASH_ARCHITECTURES and not t.eager
     if flash:
-        attention = t.flash_flops / (sixteen * model.attention_efficiency)
+        attention = t.flash_flops / (sixteen * model.attention_efficiency_of(t.runtime))
     else:
         attention = t.eager_flops / sixteen + t.eager_attention_bytes / hbm
     layers = t.linear_flops / linear_rate + t.gemm_bytes / hbm + attention

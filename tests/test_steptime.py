@@ -102,7 +102,8 @@ def test_nvlink_domain_larger_than_a_node_keeps_collectives_on_nvlink() -> None:
     rack = replace(trays, nvlink_domain=72)
     nbytes = 4 * GB
     assert collective_s(rack, nbytes, 16, 1, 0.8) < collective_s(trays, nbytes, 16, 1, 0.8) / 2
-    assert collective_s(rack, nbytes, 16, 1, 0.8) == pytest.approx(2 * 15 / 16 * nbytes / (rack.intra_node_gbs * GB * 0.8))
+    ring = 2 * 15 / 16 * nbytes / (rack.intra_node_gbs * GB * 0.8)
+    assert collective_s(rack, nbytes, 16, 1, 0.8) == pytest.approx(ring)
 
 
 def test_links_come_from_the_topology_graph() -> None:

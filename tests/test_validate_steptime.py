@@ -81,7 +81,7 @@ TRUTH = replace(
     efficiency={"ampere": 0.55, "hopper": 0.45},
     elementwise_passes={"megatron": 9.0},
     layer_overhead_s={"megatron": 3e-4},
-    attention_efficiency=0.5,
+    attention_efficiency={"*": 0.5},
 )
 
 
