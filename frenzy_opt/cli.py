@@ -40,6 +40,7 @@ from frenzy_opt.marp.predictor import MemoryPrediction, predict_memory
 from frenzy_opt.models.catalog import load_catalog
 from frenzy_opt.plans import NoFeasiblePlan, PlanSearch, search_or_fail
 from frenzy_opt.problem import (
+    OptionCache,
     Schedule,
     SchedulingProblem,
     avg_jct_s,
@@ -243,6 +244,7 @@ def _plans_table(title: str, search: PlanSearch, top: int) -> Table:
         "mb",
         "prec",
         "step s",
+        "step band s",
         "runtime h",
         "alloc GiB",
         "used GiB",
@@ -252,19 +254,31 @@ def _plans_table(title: str, search: PlanSearch, top: int) -> Table:
         table.add_column(col, justify="left" if col in ("gpu", "parallel", "prec") else "right")
     for i, p in enumerate(search.plans[:top], 1):
         step = "-" if p.step_time_s is None else f"{p.step_time_s:.3f}"
+        band = "-"
+        if p.step_time_p10_s is not None and p.step_time_p90_s is not None:
+            band = f"{p.step_time_p10_s:.3f}-{p.step_time_p90_s:.3f}"
         runtime = "-" if p.est_runtime_s is None else f"{p.est_runtime_s / 3600:.1f}"
+        if p.memory_risk:
+            runtime += " (memory risk)"
         table.add_row(str(i), p.gpu_type, str(p.num_gpus), _parallel_text(p.parallel.to_dict()),
-                      str(p.micro_batch_size), p.precision, step, runtime, _gib(p.peak_allocated_bytes),
+                      str(p.micro_batch_size), p.precision, step, band, runtime, _gib(p.peak_allocated_bytes),
                       _gib(p.device_used_bytes), _gib(p.device_used_upper_bytes),
                       f"{100 * p.headroom_bytes / p.capacity_bytes:.0f}%")  # fmt: skip
     return table
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    from frenzy_opt.calibrations import resolve_model
+
     job = load_job(resolve(args.job))
     cluster = load_cluster_ref(args.cluster)
-    search = search_or_fail(job, cluster, headroom=args.headroom)
-    payload = {"job": job.name, "cluster": cluster.name, **plans_payload(search, args.top)}
+    search = search_or_fail(job, cluster, headroom=args.headroom, step_model=resolve_model(args.calibration))
+    payload = {
+        "job": job.name,
+        "cluster": cluster.name,
+        "calibration": args.calibration or "shipped",
+        **plans_payload(search, args.top),
+    }
 
     def render(console: Console) -> None:
         console.print(
@@ -274,7 +288,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         console.print(f"minimum GPUs per type: {mins}")
         console.print(
             "feasible = upper bound of device memory used + required headroom <= GPU memory; "
-            "headroom column = memory left above the upper bound"
+            "headroom column = memory left above the upper bound; step band = 10th-90th percentile from the "
+            f"step-time model's cross-validated errors (calibration: {payload['calibration']})"
         )
 
     _emit(args, payload, render)
@@ -284,11 +299,58 @@ def cmd_plan(args: argparse.Namespace) -> int:
 # --- validate / calibrate ------------------------------------------------------------------------------
 
 
+def _validate_steptime(args: argparse.Namespace) -> int:
+    from frenzy_opt.calibrations import resolve_model
+    from frenzy_opt.validation.steptime import fittable, refused, render_markdown, validate
+
+    result = validate(args.file, resolve_model(args.calibration))
+    refusals = {r.row_id: refused(r) for r in fittable(result.runs)}
+    payload = result.to_dict()
+    payload["refused"] = {k: v for k, v in refusals.items() if v}
+    if args.out:
+        command = f"frenzy validate steptime {args.file} --out {args.out}"
+        Path(args.out).write_text(render_markdown(result, command, refusals), encoding="utf-8")
+
+    def render(console: Console) -> None:
+        cv = payload["cross_validated"]
+        for label, o in (
+            ("in sample (given parameters)", payload["overall"]),
+            ("leave one source out", cv["leave_one_source_out"]["overall"]),
+            ("leave one GPU type out", cv["leave_one_gpu_type_out"]["overall"]),
+        ):
+            console.print(
+                f"{label}: {o['rows']} rows, mean |error| {100 * o['mean_abs_error']:.1f} %, median "
+                f"{100 * o['median_abs_error']:.1f} %, worst {100 * o['max_abs_error']:.1f} %, signed "
+                f"{100 * o['mean_signed_error']:+.1f} %"
+            )
+        for title, key, group in (
+            ("By source", "leave_one_source_out", "by_source"),
+            ("By GPU type", "leave_one_gpu_type_out", "by_gpu_type"),
+        ):
+            table = Table(title=f"{title}: mean |error|")
+            for col in (group.removeprefix("by_"), "rows", "in sample", "LOSO", "LOGO"):
+                table.add_column(col, justify="left" if col in ("source", "gpu_type") else "right")
+            for name, o in payload[group].items():
+                loso = cv["leave_one_source_out"][group].get(name, {})
+                logo = cv["leave_one_gpu_type_out"][group].get(name, {})
+                table.add_row(
+                    name[:60], str(o["rows"]), f"{100 * o['mean_abs_error']:.1f} %",
+                    f"{100 * loso.get('mean_abs_error', float('nan')):.1f} %",
+                    f"{100 * logo.get('mean_abs_error', float('nan')):.1f} %",
+                )  # fmt: skip
+            console.print(table)
+            del key
+        console.print(f"published configurations the planner refuses: {len(payload['refused'])} of {len(refusals)}")
+
+    _emit(args, payload, render)
+    return 0
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     from frenzy_opt.validation.measured import render_markdown, validate
 
-    if args.what != "memory":
-        raise ValueError(f"validate: only memory is available here, got {args.what!r}")
+    if args.what == "steptime":
+        return _validate_steptime(args)
     result = validate(args.file)
     payload = result.to_dict()
     if args.out:
@@ -315,6 +377,75 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _calibrate_steptime(args: argparse.Namespace) -> int:
+    """``--name steptime``: refit the shipped step-time parameters; any other name: a user's profile."""
+    from frenzy_opt.calibrations import CalibrationStore, check_name
+    from frenzy_opt.steptime import shipped_model
+    from frenzy_opt.validation.steptime import (
+        calibrate,
+        cross_validate,
+        fit,
+        read_any,
+        score,
+        summarise,
+        usable,
+        write_fit,
+    )
+
+    files = [args.file, *args.more]
+    shipped = shipped_model()
+    if args.name == "steptime":
+        if len(files) != 1 or files[0].endswith(".json"):
+            raise ValueError("calibrate --name steptime: give one calibration-format CSV file")
+        before = score(read_any(files), shipped)
+        fitted, after = calibrate(args.file)
+        out = write_fit(fitted, Path(args.file).name, Path(args.out) if args.out else None)
+        error_after = summarise(after.by_source_cv).to_dict()
+        error_after["method"] = "leave one source out"
+        written = str(out)
+    else:
+        name = check_name(args.name)
+        runs = usable(read_any(files))
+        if not runs:
+            raise ValueError(f"calibrate: no usable measured run in {', '.join(files)}")
+        before = score(runs, shipped)
+        fitted = fit(runs, shipped, keys="gpu")
+        error_after = summarise(score(runs, fitted)).to_dict()
+        error_after["method"] = "in sample"
+        if len({r.source for r in runs}) > 1:
+            held = cross_validate(runs, by="source", base=shipped)
+            error_after["leave_one_source_out"] = summarise(held).to_dict()
+        store = CalibrationStore(args.out) if args.out else CalibrationStore()
+        written = str(
+            store.save(
+                name,
+                fitted,
+                source=[str(f) for f in files],
+                rows=len(runs),
+                error_before=summarise(before).to_dict(),
+                error_after=error_after,
+            )
+        )
+    payload = {
+        "name": args.name,
+        "parameters": fitted.to_dict(),
+        "written_to": written,
+        "error_before": summarise(before).to_dict(),
+        "error_after": error_after,
+    }
+
+    def render(console: Console) -> None:
+        b, a = payload["error_before"], payload["error_after"]
+        console.print(f"wrote {written}")
+        console.print(
+            f"mean |step-time error| before (shipped parameters) {100 * b['mean_abs_error']:.1f} % over "
+            f"{b['rows']} runs; after ({a['method']}) {100 * a['mean_abs_error']:.1f} %"
+        )
+
+    _emit(args, payload, render)
+    return 0
+
+
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from frenzy_opt.marp.fit import FIT_PATH, load_fit
     from frenzy_opt.validation.measured import (
@@ -327,7 +458,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     )
 
     if args.name != "memory":
-        raise ValueError(f"calibrate: --name must be memory, got {args.name!r}")
+        return _calibrate_steptime(args)
+    if args.more:
+        raise ValueError("calibrate --name memory: give one calibration-format CSV file")
     # Before: the fit shipped now, scored on the file (a cross-validation would refit and ignore it).
     shipped = load_fit()
     before = [score_run(run, shipped) for run in usable(read_measurements(args.file))]
@@ -420,8 +553,12 @@ def schedule_payload(problem: SchedulingProblem, schedule: Schedule) -> dict[str
 def cmd_solve(args: argparse.Namespace) -> int:
     if args.time_limit <= 0 or args.workers < 1:
         raise ValueError("--time-limit must be > 0 and --workers >= 1")
+    from frenzy_opt.calibrations import resolve_model
+    from frenzy_opt.topology import Topology
+
     scenario = load_scenario(args.scenario)
-    problem = build_problem(scenario)
+    cache = OptionCache(scenario.cluster, Topology(scenario.cluster), step_model=resolve_model(args.calibration))
+    problem = build_problem(scenario, cache=cache)
     names = ["greedy", "cpsat"] if args.solver == "both" else [args.solver]
     options = {"time_limit_s": args.time_limit, "workers": args.workers, "seed": args.seed}
     schedules = {name: make_solver(name, **options).solve(problem) for name in names}
@@ -652,6 +789,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         fail_rate=args.fail_rate,
         decision_wait_s=args.decision_wait_s,
         workdir=args.workdir,
+        calibration=args.calibration,
     )
     serve(config, args.host, args.port)
     return 0
@@ -744,16 +882,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--headroom", type=float, help="fraction of GPU memory kept free above the upper bound (default: the fit's)"
     )
-    p = add("validate", "score MARP on measured runs (calibration-format CSV), leave one source out", cmd_validate)
-    p.add_argument("what", choices=("memory",))
-    p.add_argument("file", help="CSV in the format of ../shared/calibration/memory-measured.csv")
-    p.add_argument("--out", help="also write the Markdown report here (e.g. docs/marp-validation.md)")
-    p = add("calibrate", "refit MARP's shipped parameters from measured runs", cmd_calibrate)
-    p.add_argument("file", help="CSV in the format of ../shared/calibration/memory-measured.csv")
-    p.add_argument("--name", required=True, choices=("memory",), help="what to fit")
-    p.add_argument("--out", help="where to write the fit (default: frenzy_opt/data/memory-fit.json)")
+    p.add_argument("--calibration", help="step-time calibration profile (frenzy calibrate FILE --name NAME)")
+    p = add(
+        "validate",
+        "score MARP or the step-time model on measured runs (calibration-format CSV), cross-validated",
+        cmd_validate,
+    )
+    p.add_argument("what", choices=("memory", "steptime"))
+    p.add_argument("file", help="CSV in the format of ../shared/calibration/{memory,steptime}-measured.csv")
+    p.add_argument(
+        "--out", help="also write the Markdown report (docs/marp-validation.md, docs/steptime-validation.md)"
+    )
+    p.add_argument("--calibration", help="steptime: score a stored calibration profile instead of the shipped fit")
+    p = add(
+        "calibrate", "refit the shipped parameters, or store a calibration profile, from measured runs", cmd_calibrate
+    )
+    p.add_argument("file", help="calibration-format CSV (memory or steptime), or launcher JSON reports")
+    p.add_argument("more", nargs="*", help="more launcher JSON reports or CSV files (profiles only)")
+    p.add_argument(
+        "--name",
+        required=True,
+        help="memory or steptime (refit the shipped fit), or a profile name for plan/solve/simulate/serve "
+        "--calibration NAME",
+    )
+    p.add_argument(
+        "--out", help="memory/steptime: where to write the fit; a profile: the profile directory instead of the default"
+    )
     p = add("solve", "schedule a scenario's jobs with the greedy HAS, CP-SAT, or both", cmd_solve)
     p.add_argument("scenario", help="scenario file or shipped name")
+    p.add_argument("--calibration", help="step-time calibration profile (frenzy calibrate FILE --name NAME)")
     p.add_argument("--solver", choices=("greedy", "cpsat", "both"), default="both")
     p.add_argument("--time-limit", type=float, default=30.0, help="CP-SAT time limit in seconds (default 30)")
     p.add_argument("--workers", type=int, default=2, help="CP-SAT search workers (default 2)")
