@@ -82,11 +82,11 @@ def _mean_error(samples: list[Sample], model: StepTimeModel) -> float:
 def fit_relative(samples: list[Sample], model: StepTimeModel) -> float:
     """The efficiency of ``samples``' GPU type (and precision) minimising the mean relative step-time error.
 
-    :func:`frenzy_opt.steptime.fit_efficiency` minimises absolute squared error, which lets the slowest run
-    dominate; runs of one type but very different sizes (a tiny model's steps are mostly fixed overhead)
-    need every run weighed alike. The error is unimodal in log(efficiency) for one sample and close to it for
-    several: a log-spaced scan of (1e-5, 1] then golden-section refinement around the best point; the
-    current efficiency is a candidate too, so the fit never does worse than the model it starts from.
+    An absolute squared error would let the slowest run dominate; runs of one type but very different sizes
+    (a tiny model's steps are mostly fixed overhead) need every run weighed alike. The error is unimodal in
+    log(efficiency) for one sample and close to it for several: a log-spaced scan of (1e-5, 1] then
+    golden-section refinement around the best point; the current efficiency is a candidate too, so the fit
+    never does worse than the model it starts from.
     """
     gpu, precision = samples[0].gpu, samples[0].precision
     terms = [(step_terms(s.spec), s) for s in samples]

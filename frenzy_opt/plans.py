@@ -379,7 +379,7 @@ def enumerate_plans(
                             if terms is None:
                                 terms = step_terms_of(job.model, cache.training(shape.micro_batch_size), parallel)
                             seconds = terms.evaluate(gpu, links[gpu.name], step_model).total_s
-                            low, high = step_model.band(seconds)
+                            low, high = step_model.band(seconds, gpu.architecture)
                             plans.append(
                                 Plan(
                                     gpu_type=gpu.name,

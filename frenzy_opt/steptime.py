@@ -217,6 +217,8 @@ class StepTime:
 
 
 FIT_PATH = "data/steptime-fit.json"
+# The fewest cross-validated runs of one architecture that give it a band of its own.
+MIN_BAND_RUNS = 10
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -247,6 +249,8 @@ class StepTimeModel:
     residuals: tuple[float, ...] = ()
     """Cross-validated ``log(measured / predicted)`` of the runs the parameters were fitted on: the
     prediction band (:meth:`band`) and the simulator's noisy truth draw from them."""
+    residuals_by_architecture: dict[str, tuple[float, ...]] = field(default_factory=dict)
+    """The same residuals split by the runs' GPU architecture (a T4's errors say little about an H100's)."""
 
     def efficiency_of(self, gpu: GpuType, precision: str | None = None) -> float:
         """The most specific fitted efficiency (GPU and format, GPU, architecture), else the default."""
@@ -301,16 +305,23 @@ class StepTimeModel:
     def step_time(self, job: JobSpec, gpu: GpuType, links: Links | None = None) -> StepTime:
         return step_time(job, gpu, links or Links.for_gpu(gpu), self)
 
-    def band(self, seconds: float) -> tuple[float, float]:
-        """(p10, p90) of the step time given the point prediction, from the cross-validated residuals."""
-        if not self.residuals:
+    def band(self, seconds: float, architecture: str | None = None) -> tuple[float, float]:
+        """(p10, p90) of the step time given the point prediction, from the cross-validated residuals of
+        the GPU's architecture when there are at least :data:`MIN_BAND_RUNS` of them, else of every run."""
+        pool = self.residuals_by_architecture.get(architecture or "", ())
+        if len(pool) < MIN_BAND_RUNS:
+            pool = self.residuals
+        if not pool:
             return seconds, seconds
-        ordered = sorted(self.residuals)
+        ordered = sorted(pool)
         return seconds * math.exp(_quantile(ordered, 0.1)), seconds * math.exp(_quantile(ordered, 0.9))
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
         out["residuals"] = [round(r, 6) for r in self.residuals]
+        out["residuals_by_architecture"] = {
+            k: [round(r, 6) for r in v] for k, v in sorted(self.residuals_by_architecture.items())
+        }
         return out
 
     @staticmethod
@@ -322,6 +333,10 @@ class StepTimeModel:
         values = dict(data)
         if "residuals" in values:
             values["residuals"] = tuple(float(r) for r in values["residuals"])
+        if "residuals_by_architecture" in values:
+            values["residuals_by_architecture"] = {
+                str(k): tuple(float(r) for r in v) for k, v in values["residuals_by_architecture"].items()
+            }
         return StepTimeModel(**values)
 
 

@@ -251,6 +251,9 @@ def test_band_brackets_the_point_prediction() -> None:
     low, high = model.band(10.0)
     assert low < 10.0 < high
     assert StepTimeModel().band(10.0) == (10.0, 10.0)
+    own = replace(model, residuals_by_architecture={"hopper": tuple(0.01 * i for i in range(10)), "volta": (1.0,)})
+    assert own.band(10.0, "hopper")[1] < high  # ten runs of its own: a band of its own
+    assert own.band(10.0, "volta") == (low, high)  # one run: every run's band
     assert shipped_model().residuals, "the shipped fit carries its cross-validated residuals"
     assert StepTimeModel.from_dict(model.to_dict()) == model
     with pytest.raises(ValueError, match="unknown field"):

@@ -46,6 +46,7 @@ from frenzy_opt.spec import ZERO_STAGES_BY_RUNTIME, JobSpec, ParallelConfig, Tra
 from frenzy_opt.steptime import (
     DEFAULT_EFFICIENCY,
     FIT_PATH,
+    MIN_BAND_RUNS,
     Links,
     StepTerms,
     StepTimeModel,
@@ -877,7 +878,16 @@ def calibrate(path: str | Path, base: StepTimeModel | None = None) -> tuple[Step
     runs = read_runs(path)
     loso = cross_validate(runs, by="source", base=base)
     fitted = fit(runs, base)
-    fitted = replace(fitted, residuals=tuple(math.log(s.predicted_s and s.measured_s / s.predicted_s) for s in loso))
+    arch = {r.row_id: r.gpu.architecture for r in usable(runs) if r.gpu is not None and not r.heterogeneous}
+    by_arch: dict[str, list[float]] = {}
+    for s in loso:
+        if s.row_id in arch:
+            by_arch.setdefault(arch[s.row_id], []).append(math.log(s.measured_s / s.predicted_s))
+    fitted = replace(
+        fitted,
+        residuals=tuple(math.log(s.measured_s / s.predicted_s) for s in loso),
+        residuals_by_architecture={k: tuple(v) for k, v in by_arch.items()},
+    )
     return fitted, Validation(
         runs=runs,
         model=fitted,
@@ -1025,7 +1035,7 @@ def render_markdown(result: Validation, command: str, refusals: dict[str, str | 
     params = payload["parameters"]
     lines += ["", "## Fitted parameters (in sample, shipped in `frenzy_opt/data/steptime-fit.json`)", ""]
     for key, value in sorted(params.items()):
-        if key == "residuals":
+        if key in ("residuals", "residuals_by_architecture"):
             continue
         if isinstance(value, dict):
             value = ", ".join(f"{k} {v:.4g}" for k, v in sorted(value.items()))
@@ -1037,6 +1047,10 @@ def render_markdown(result: Validation, command: str, refusals: dict[str, str | 
         lines.append(
             f"- prediction band from the {len(result.model.residuals)} LOSO residuals: p10 x{p10:.2f}, p90 x{p90:.2f}"
         )
+        for arch, pool in sorted(result.model.residuals_by_architecture.items()):
+            lo, hi = result.model.band(1.0, arch)
+            own = "its own" if len(pool) >= MIN_BAND_RUNS else "all runs' (too few of its own)"
+            lines.append(f"  - {arch}: {len(pool)} runs, {own} band p10 x{lo:.2f}, p90 x{hi:.2f}")
     lines += [
         "",
         "## Rows",
