@@ -677,10 +677,24 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     truth = _truth(args)
     scenario = load_scenario(args.scenario)
     seeds = 1 if args.seeds is None else args.seeds
+    cache = None
+    if args.calibration:
+        from frenzy_opt.calibrations import resolve_model
+        from frenzy_opt.topology import Topology
+
+        model = resolve_model(args.calibration)
+        cache = OptionCache(scenario.cluster, Topology(scenario.cluster), step_model=model)
     with _ProgressBar(_long_run(scenario) and sys.stderr.isatty()) as bar:
         try:
             runs = run_seeds(
-                scenario, policies, seeds=seeds, base_seed=args.seed, truth=truth, failures=failures, progress=bar
+                scenario,
+                policies,
+                seeds=seeds,
+                base_seed=args.seed,
+                truth=truth,
+                failures=failures,
+                progress=bar,
+                cache=cache,
             )
         except SimulationError as err:
             raise ValueError(str(err)) from None
@@ -691,6 +705,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         "num_gpus": experiment.scenario.cluster.num_gpus,
         "build_s": sum(e.build_s for e in runs.experiments),
         "truth": truth.describe(),
+        "calibration": args.calibration or "shipped",
     }
     if args.seeds is None:  # one run: the metrics themselves (contract 3)
         payload["policies"] = {name: policy_payload(r, experiment.truth) for name, r in experiment.results.items()}
@@ -918,6 +933,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", help="directory for a Gantt chart per solver (PNG)")
     p = add("simulate", "replay a scenario's workload under one or more scheduling policies", cmd_simulate)
     p.add_argument("scenario", help="scenario file or shipped name (jobs or a workload generator)")
+    p.add_argument("--calibration", help="step-time calibration profile the policies plan with")
     p.add_argument("--policy", default="frenzy", help=f"comma-separated policies: {', '.join(policy_names())}")
     p.add_argument("--plot", help="directory for the JCT CDF, utilization and Gantt charts (PNG)")
     p.add_argument("--mtbf-h", type=float, help="inject node failures: mean time between failures per node (hours)")

@@ -186,6 +186,14 @@ def test_calibration_profiles_drive_plans(
     assert mine["plans"][0]["step_time_s"] > shipped["plans"][0]["step_time_s"]
     for plan in shipped["plans"]:
         assert plan["step_time_p10_s"] <= plan["step_time_s"] <= plan["step_time_p90_s"]
+    # The same profile drives the simulator's and the solver's plans (slower A100s: longer jobs).
+    sims = [
+        _cli(capsys, "simulate", "default", "--policy", "frenzy", *extra) for extra in ([], ["--calibration", "my-lab"])
+    ]
+    assert sims[1]["calibration"] == "my-lab"
+    assert sims[1]["policies"]["frenzy"]["avg_jct_s"] != sims[0]["policies"]["frenzy"]["avg_jct_s"]
+    solved = _cli(capsys, "solve", "default", "--solver", "greedy", "--calibration", "my-lab")
+    assert solved["results"]["greedy"]["avg_jct_s"] > 0
     assert (
         main(["plan", str(tmp_path / "job.json"), "--cluster", str(tmp_path / "c.json"), "--calibration", "nope"]) == 2
     )
