@@ -64,10 +64,10 @@ def describe_truth(spec: TruthSpec) -> str:
     )
 
 
-def _title(runs: SeededRuns, failures: Failures | None) -> str:
+def _title(runs: SeededRuns, failures: Failures | None, label: str) -> str:
     first = runs.first
     sc = first.scenario
-    title = sc.name
+    title = sc.name + label
     if failures is not None:
         title += (
             f" with node failures (MTBF {failures.node_mtbf_h:g} h per node, repair {failures.repair_s:g} s, "
@@ -108,14 +108,15 @@ def _wins(runs: SeededRuns, name: str) -> int:
 
 
 def report_section(
-    runs: SeededRuns, figures: list[Path], report_dir: Path, failures: Failures | None = None
+    runs: SeededRuns, figures: list[Path], report_dir: Path, failures: Failures | None = None, label: str = ""
 ) -> list[str]:
-    """Markdown for one scenario: metrics per policy, frenzy vs each, heuristic vs optimal, figures."""
+    """Markdown for one scenario (``label`` appended to its title): metrics per policy, frenzy vs each,
+    heuristic vs optimal, figures."""
     payload = seeded_payload(runs)
     n = len(runs.seeds)
     build = sum(e.build_s for e in runs.experiments)
     lines = [
-        _title(runs, failures),
+        _title(runs, failures, label),
         "",
         f"{n} seeds ({runs.seeds[0]}…{runs.seeds[-1]}); {describe_truth(runs.truth)}. Values are means over the "
         f"seeds, ± the Student-t 95 % half-width. Jobs built (workload mapped, plans searched) in {build:.1f} s "
@@ -194,7 +195,7 @@ def write_report(
         first = runs.first
         renamed = replace(first, scenario=replace(first.scenario, name=f"{first.scenario.name}-{extra_spec.kind}"))
         figures = write_plots(renamed, figures_dir)
-        lines += report_section(runs, figures, out.parent)
+        lines += report_section(runs, figures, out.parent, label=f" under the {extra_spec.kind} truth")
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("\n".join(lines), encoding="utf-8")
     return out
