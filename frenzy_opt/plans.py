@@ -51,7 +51,7 @@ from frenzy_opt.spec import (
     TrainingConfig,
     check_headroom,
 )
-from frenzy_opt.steptime import StepTimeModel, shipped_model, step_terms_of
+from frenzy_opt.steptime import FLASH_ARCHITECTURES, StepTimeModel, shipped_model, step_terms_of
 from frenzy_opt.topology import links_for
 
 MICRO_BATCH_CHOICES = (1, 2, 4, 8, 16)
@@ -325,13 +325,12 @@ def enumerate_plans(
     anywhere, a second pass (``prune=False``) finds the least per-GPU footprint of any configuration for
     the error message, skipping shapes whose lower bound exceeds the best footprint found so far.
     """
-    groups: dict[tuple[str, int, int], list[GpuType]] = {}
+    groups: dict[tuple[str, int, int, str], list[GpuType]] = {}
     for gpu in cluster.gpu_types():
         # bf16 and fp16 take the same bytes everywhere, so their GPUs share one search.
         precision = effective_precision(gpu, job.training.precision).replace("fp16", "bf16")
-        groups.setdefault((precision, cluster.gpus_per_node_of(gpu.name), cluster.num_gpus_of(gpu.name)), []).append(
-            gpu
-        )
+        key = (precision, cluster.gpus_per_node_of(gpu.name), cluster.num_gpus_of(gpu.name), attention_on(gpu, job))
+        groups.setdefault(key, []).append(gpu)
     plans: list[Plan] = []
     min_device: int | None = None
     evaluated = 0
@@ -344,8 +343,12 @@ def enumerate_plans(
     # predicted tensors alone (the allocated peak) exceed the GPU, and flagged ``memory_risk`` when the upper
     # bound plus headroom does not fit (MARP's bound is conservative by design, docs/marp-validation.md).
     user_layout = {*PARALLEL_FIELDS, "micro_batch_size"} <= job.pinned
-    for (precision, gpus_per_node, max_gpus), gpus in groups.items():
-        base = replace(job, training=replace(job.training, precision=precision))
+    for (precision, gpus_per_node, max_gpus, attention), gpus in groups.items():
+        base = replace(
+            job,
+            training=replace(job.training, precision=precision),
+            parallel=replace(job.parallel, attention=attention),
+        )
         cache = _PeakCache(job.model, base.training)
         labels = {gpu.name: effective_precision(gpu, job.training.precision) for gpu in gpus}
         capacity = max(gpu.memory_bytes for gpu in gpus)
@@ -363,7 +366,7 @@ def enumerate_plans(
                 if exhausted and dp >= 2:
                     continue
                 fits_before = len(plans)
-                for parallel in _configs_at(job, shape, dp):
+                for parallel in _configs_at(base, shape, dp):
                     allocated = cache.allocated(parallel, shape.micro_batch_size, limit)
                     evaluated += 1
                     terms = None
@@ -408,6 +411,13 @@ def enumerate_plans(
         # bounding by the best footprint found instead of the GPU's capacity.
         return enumerate_plans(job, cluster, cuda=cuda, prune=False, fit=fit, headroom=headroom)
     return PlanSearch(plans=rank_plans(plans), min_device_bytes=min_device, num_evaluated=evaluated)
+
+
+def attention_on(gpu: GpuType, job: JobSpec) -> str:
+    """The attention kernel the job runs on ``gpu``: its own choice where FlashAttention runs (Ampere and
+    later, :data:`frenzy_opt.steptime.FLASH_ARCHITECTURES`), eager attention (its time and its ``b a s^2``
+    scores in memory) on Volta and Turing."""
+    return job.parallel.attention if gpu.architecture in FLASH_ARCHITECTURES else "eager"
 
 
 def _lower_bound(job: JobSpec, shape: _Shape, dp: int) -> float:

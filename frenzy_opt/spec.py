@@ -42,6 +42,9 @@ class TrainingConfig:
     memory_headroom: float | None = None
     """Fraction of each GPU's memory the planner keeps free beyond MARP's upper bound (None: the shipped
     fit's default from cross-validation, :mod:`frenzy_opt.marp.fit`)."""
+    tp_comm_overlap: bool = False
+    """The runtime overlaps tensor-parallel collectives with the GEMMs they feed (Megatron's
+    ``--tp-comm-overlap`` with Transformer Engine userbuffers, torchtitan's async TP)."""
 
     def __post_init__(self) -> None:
         for name in ("seq_len", "micro_batch_size", "global_batch_size", "train_steps"):
@@ -50,6 +53,8 @@ class TrainingConfig:
         _check_choice("training.optimizer", self.optimizer, OPTIMIZERS)
         _check_choice("training.runtime", self.runtime, RUNTIMES)
         check_headroom("training.memory_headroom", self.memory_headroom)
+        if not isinstance(self.tp_comm_overlap, bool):
+            raise ValueError(f"training.tp_comm_overlap must be true or false, got {self.tp_comm_overlap!r}")
         if self.global_batch_size % self.micro_batch_size:
             raise ValueError(
                 f"training.global_batch_size ({self.global_batch_size}) must be a multiple of "

@@ -26,9 +26,10 @@ Megatron-LM", Sec. 2-3). One micro-batch on that rank costs
   launch overhead") -- what makes 1B-class models far slower than their FLOPs;
 * **tensor, context and expert parallelism**: two all-reduces of the block's activations forward and two
   backward per block (Shoeybi et al. 2019, Fig. 4; the volume of sequence parallelism's all-gathers and
-  reduce-scatters, Korthikanti et al. 2022), not overlapped; ring attention's k/v passes around the cp ring,
-  hidden behind the attention core where it is long enough (Liu et al. 2023); MoE dispatch and combine
-  all-to-alls (Lepikhin et al. 2020);
+  reduce-scatters, Korthikanti et al. 2022), exposed unless ``training.tp_comm_overlap`` (Megatron's
+  ``--tp-comm-overlap``, torchtitan's async TP) hides them behind the linear layers' GEMMs; ring
+  attention's k/v passes around the cp ring, hidden behind the attention core where it is long enough
+  (Liu et al. 2023); MoE dispatch and combine all-to-alls (Lepikhin et al. 2020);
 * **pipeline parallelism**: the 1F1B bubble adds ``(pp - 1) / vpp`` micro-batch times (Sec. 2.2), each
   micro-batch sends its activations forward and gradient back (``vpp`` times with interleaving), and each
   pipeline slot pays a fitted per-micro-batch scheduling cost of the runtime.
@@ -446,6 +447,8 @@ class StepTerms:
     """Layer executions per micro-batch (layers of the stage, x 4/3 under full recompute)."""
     tp_bytes: float
     """Tensor-parallel all-reduce bytes per micro-batch (ring over ``tp``)."""
+    tp_overlap: bool
+    """Tensor-parallel collectives overlap the linear layers' GEMMs (``training.tp_comm_overlap``)."""
     tp: int
     cp_bytes: float
     cp: int
@@ -498,6 +501,9 @@ def evaluate_terms(t: StepTerms, gpu: GpuType, links: Links, model: StepTimeMode
         per_microbatch = layers + output
     eff = model.link_efficiency
     tp = collective_s(links, t.tp_bytes, t.tp, 1, eff)
+    if t.tp_overlap:  # hidden behind the GEMMs it is pipelined with (Wang et al. 2023, "Overlap communication
+        # with dependent computation via decomposition"; Megatron's userbuffers and torchtitan's async TP)
+        tp = max(0.0, tp - t.linear_flops / linear_rate)
     cp = max(0.0, collective_s(links, t.cp_bytes, t.cp, t.tp, eff) / 2 - (t.flash_flops / sixteen if flash else 0))
     ep = all_to_all_s(links, t.ep_bytes, t.ep, t.tp, eff)
     # Consecutive stages sit on different nodes when one stage fills a node or more.
@@ -634,6 +640,7 @@ def step_terms_of(arch: ModelArch, t: TrainingConfig, p: ParallelConfig) -> Step
         fp8_cast_bytes=casts,
         layers=layers * recompute,
         tp_bytes=tp_bytes if tp > 1 else 0.0,
+        tp_overlap=t.tp_comm_overlap,
         tp=tp,
         cp_bytes=cp_bytes,
         cp=p.cp,

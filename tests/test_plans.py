@@ -12,7 +12,16 @@ from frenzy_opt.cluster import ClusterSpec, parse_cluster
 from frenzy_opt.gpus import lookup_gpu
 from frenzy_opt.marp.fit import SHIPPED_FIT
 from frenzy_opt.marp.predictor import predict_memory
-from frenzy_opt.plans import Plan, _configs_at, _dp_choices, _shapes, effective_precision, enumerate_plans, rank_plans
+from frenzy_opt.plans import (
+    Plan,
+    _configs_at,
+    _dp_choices,
+    _shapes,
+    attention_on,
+    effective_precision,
+    enumerate_plans,
+    rank_plans,
+)
 from frenzy_opt.spec import JobSpec, parse_job
 
 
@@ -31,11 +40,12 @@ def _brute_force(job: JobSpec, cluster: ClusterSpec) -> set[tuple[object, ...]]:
     found = set()
     for gpu in cluster.gpu_types():
         precision = effective_precision(gpu, job.training.precision)
-        base = replace(job, training=replace(job.training, precision=precision))
+        attention = replace(job.parallel, attention=attention_on(gpu, job))  # eager where flash cannot run
+        base = replace(job, training=replace(job.training, precision=precision), parallel=attention)
         max_gpus = cluster.num_gpus_of(gpu.name)
         for shape in _shapes(job, cluster.gpus_per_node_of(gpu.name), max_gpus):
             for dp in _dp_choices(job, shape, max_gpus):
-                for parallel in _configs_at(job, shape, dp):
+                for parallel in _configs_at(base, shape, dp):
                     candidate = base.with_parallel(parallel, micro_batch_size=shape.micro_batch_size)
                     required = int(SHIPPED_FIT.headroom_fraction * gpu.memory_bytes)
                     if predict_memory(candidate, gpu).device_used_upper_bytes + required <= gpu.memory_bytes:

@@ -267,3 +267,31 @@ def test_terms_are_gpu_independent() -> None:
     a = terms.evaluate(H100, _links(), shipped_model()).total_s
     b = terms.evaluate(lookup_gpu("A100-SXM4-80GB"), _links("A100-SXM4-80GB"), shipped_model()).total_s
     assert a < b
+
+
+def test_plans_on_gpus_without_flash_attention_run_eager_attention() -> None:
+    """V100 and T4 plans are priced and sized with eager attention (its b x a x s^2 scores in memory)."""
+    job = parse_job({"model": "gpt3-350m", "training": {"seq_len": 2048, "global_batch_size": 16}})
+    cluster = parse_cluster({"node_groups": [{"gpu": "V100-SXM2-32GB"}, {"gpu": "A100-SXM4-80GB"}]})
+    plans = enumerate_plans(job, cluster).plans
+    by_gpu = {p.gpu_type: p for p in reversed(plans)}
+    assert {p.parallel.attention for p in plans if p.gpu_type == "V100-SXM2-32GB"} == {"eager"}
+    assert {p.parallel.attention for p in plans if p.gpu_type == "A100-SXM4-80GB"} == {"flash"}
+    v100, a100 = by_gpu["V100-SXM2-32GB"], by_gpu["A100-SXM4-80GB"]
+    same = [p for p in plans if p.gpu_type == "A100-SXM4-80GB" and p.parallel.dp == v100.parallel.dp
+            and p.parallel.tp == v100.parallel.tp and p.micro_batch_size == v100.micro_batch_size
+            and p.parallel.recompute == v100.parallel.recompute]  # fmt: skip
+    assert a100 is not None and same and v100.peak_allocated_bytes > same[0].peak_allocated_bytes
+
+
+def test_tensor_parallel_overlap_hides_collectives_behind_the_gemms() -> None:
+    spec = {"model": "llama2-70b", "training": {"seq_len": 4096, "global_batch_size": 32},
+            "parallel": {"dp": 1, "tp": 8, "pp": 1}}  # fmt: skip
+    plain = parse_job(spec)
+    overlapped = parse_job({**spec, "training": {**spec["training"], "tp_comm_overlap": True}})  # type: ignore[dict-item]
+    pcie = Links.for_gpu(H100, intra_node="pcie")
+    a = step_time(plain, H100, pcie, shipped_model())
+    b = step_time(overlapped, H100, pcie, shipped_model())
+    assert a.intra_node_comm_s > 0 and b.intra_node_comm_s < a.intra_node_comm_s
+    with pytest.raises(ValueError, match="tp_comm_overlap"):
+        parse_job({**spec, "training": {**spec["training"], "tp_comm_overlap": "yes"}})  # type: ignore[dict-item]

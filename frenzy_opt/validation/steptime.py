@@ -385,6 +385,8 @@ def parse_row(row: dict[str, str]) -> StepRun:
         zero = max(s for s in ZERO_STAGES_BY_RUNTIME[runtime] if s <= zero)
     sp_text = row["sp"].lower()
     sp = tp > 1 and (sp_text.startswith("yes") or ("not stated" in sp_text and "tp" in sp_text))
+    words = f"{row.get('notes', '')} {row['framework']} {row['zero_fsdp']}".lower()
+    overlap = tp > 1 and any(flag in words for flag in ("tp-comm-overlap", "tp comm overlap", "asynctp", "async tp"))
     training = TrainingConfig(
         seq_len=seq_len,
         micro_batch_size=micro,
@@ -392,6 +394,7 @@ def parse_row(row: dict[str, str]) -> StepRun:
         train_steps=1,
         precision=precision,
         runtime=runtime,
+        tp_comm_overlap=overlap,
     )
     parallel = ParallelConfig(
         dp=dp,
