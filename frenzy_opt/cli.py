@@ -671,9 +671,70 @@ def _long_run(scenario: Scenario) -> bool:
     return workload.trace is not None or workload.num_jobs >= 500
 
 
+def _simulate_sia_replay(args: argparse.Namespace, policies: list[str], failures: Failures | None) -> int:
+    """``simulate CLUSTER --workload-file F --workload-format sia --truth profiled`` (:mod:`frenzy_opt.siareplay`)."""
+    from frenzy_opt.experiment import Experiment, run_policies
+    from frenzy_opt.siareplay import load_sia_replay
+    from frenzy_opt.topology import Topology
+    from frenzy_opt.truth import load_profiles
+
+    if args.workload_format != "sia":
+        raise ValueError(f"--workload-format: {args.workload_format!r}; allowed: sia")
+    if args.truth != TruthKind.PROFILED or args.seeds is not None or args.calibration:
+        raise ValueError("--workload-format sia replays Sia's tables: needs --truth profiled, no --seeds/--calibration")
+    try:
+        cluster = load_scenario(args.scenario).cluster
+    except ValueError:
+        cluster = load_cluster_ref(args.scenario)
+    topology = Topology(cluster)
+    table, fmt = load_profiles(args.profiles)
+    if fmt != "sia":
+        raise ValueError("--workload-format sia needs Sia's tables (--profiles sia or a folder in its format)")
+    started = time.perf_counter()
+    jobs, truth = load_sia_replay(args.workload_file, table, Path(table.source), topology)
+    scenario = Scenario(name=Path(args.workload_file).stem, cluster=cluster, jobs=())
+    experiment = Experiment(
+        scenario=scenario, topology=topology, jobs=jobs, truth=truth, build_s=time.perf_counter() - started
+    )
+    try:
+        run_policies(experiment, policies, failures=failures)
+    except SimulationError as err:
+        raise ValueError(str(err)) from None
+    payload: dict[str, Any] = {
+        "scenario": scenario.name,
+        "cluster": cluster.name,
+        "num_gpus": cluster.num_gpus,
+        "build_s": experiment.build_s,
+        "truth": {"kind": "profiled", "profiles": table.source, "workload_format": "sia"},
+        "policies": {name: policy_payload(r, truth) for name, r in experiment.results.items()},
+        "versus_frenzy": comparisons(experiment.results),
+    }
+
+    def render(console: Console) -> None:
+        table_out = Table(title=f"{scenario.name}: {len(jobs)} Sia jobs on {cluster.name}, truth profiled")
+        for col in ("policy", "avg JCT s", "p99 JCT s", "restarts", "mean ms"):
+            table_out.add_column(col, justify="left" if col == "policy" else "right")
+        for name, m in payload["policies"].items():
+            table_out.add_row(
+                name,
+                f"{m['avg_jct_s']:.0f}",
+                f"{m['p99_jct_s']:.0f}",
+                f"{m['restarts']}",
+                f"{m['mean_decision_ms']:.3g}",
+            )
+        console.print(table_out)
+
+    _emit(args, payload, render)
+    return 0
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
     policies = parse_policies(args.policy)
     failures = _failures(args)
+    if args.workload_file:
+        return _simulate_sia_replay(args, policies, failures)
+    if args.workload_format:
+        raise ValueError("--workload-format needs --workload-file")
     truth = _truth(args)
     scenario = load_scenario(args.scenario)
     seeds = 1 if args.seeds is None else args.seeds
@@ -942,6 +1003,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed of the failures and the noisy truth (default 0)")
     _add_truth_args(p, "model")
     p.add_argument("--seeds", type=int, help="run seeds SEED…SEED+N-1 (truth, failures, workload): means and 95 %% CIs")
+    p.add_argument(
+        "--workload-file", help="replay this workload file on the scenario's cluster (with --workload-format)"
+    )
+    p.add_argument("--workload-format", help="format of --workload-file: sia (name, time, application, ...)")
     p = add("compare", "run policies on scenarios and write the Markdown comparison report", cmd_compare)
     p.add_argument("scenarios", nargs="*", help=f"scenarios (default: {' '.join(DEFAULT_COMPARE_SCENARIOS)})")
     p.add_argument("--policy", default=",".join(DEFAULT_COMPARE_POLICIES), help="comma-separated policies")

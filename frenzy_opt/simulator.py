@@ -13,7 +13,8 @@ double-book a GPU, start a job twice or place it against the placement rule — 
 else a noisy or a profiled truth (:mod:`frenzy_opt.truth`). Policies plan with the predictions
 (:meth:`SimJob.step_s`) and what they have observed (:meth:`Simulator.observed_step_s`). A start after the
 first (a preemption or a failure) first pays the job's restart cost — reloading its checkpoint and rebuilding
-the process group — before progressing; the first start pays nothing.
+the process group — before progressing; the first start pays the job's ``startup_s`` (0 unless
+the workload says otherwise).
 A preemption checkpoints (no progress lost); a failure loses the progress since the job's last periodic
 checkpoint.
 
@@ -81,6 +82,8 @@ class SimJob:
     """The fastest one-step option for every admissible (GPU type, GPU count)."""
     request: Request
     restart_s: float
+    startup_s: float = 0.0
+    """The stall of the first start (0: none; Sia's replay charges its restart cost there too)."""
 
     def step_s(self, option: Option) -> float:
         """The *predicted* seconds per step on ``option`` (the step-time model's): what a policy knows."""
@@ -463,7 +466,7 @@ class Simulator:
             self.free[n] -= per_node
         del self.queue[action.job]
         self.running[action.job] = state
-        restart = state.job.restart_s if state.starts else 0.0
+        restart = state.job.restart_s if state.starts else state.job.startup_s
         state.status = "running"
         state.option = option
         state.nodes = tuple(action.nodes)

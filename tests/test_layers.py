@@ -42,6 +42,7 @@ LAYERS = {
     "frenzy_opt.export": 2,
     "frenzy_opt.solvers": 6,
     "frenzy_opt.truth": 6,
+    "frenzy_opt.siareplay": 6,
     "frenzy_opt.orchestrator": 6,
     "frenzy_opt.api": 7,
     "frenzy_opt.gantt": 7,
