@@ -323,10 +323,7 @@ def _validate_steptime(args: argparse.Namespace) -> int:
                 f"{100 * o['median_abs_error']:.1f} %, worst {100 * o['max_abs_error']:.1f} %, signed "
                 f"{100 * o['mean_signed_error']:+.1f} %"
             )
-        for title, key, group in (
-            ("By source", "leave_one_source_out", "by_source"),
-            ("By GPU type", "leave_one_gpu_type_out", "by_gpu_type"),
-        ):
+        for title, group in (("By source", "by_source"), ("By GPU type", "by_gpu_type")):
             table = Table(title=f"{title}: mean |error|")
             for col in (group.removeprefix("by_"), "rows", "in sample", "LOSO", "LOGO"):
                 table.add_column(col, justify="left" if col in ("source", "gpu_type") else "right")
@@ -339,7 +336,6 @@ def _validate_steptime(args: argparse.Namespace) -> int:
                     f"{100 * logo.get('mean_abs_error', float('nan')):.1f} %",
                 )  # fmt: skip
             console.print(table)
-            del key
         console.print(f"published configurations the planner refuses: {len(payload['refused'])} of {len(refusals)}")
 
     _emit(args, payload, render)

@@ -125,6 +125,12 @@ ELEMENTWISE_PASSES = 12.0
 LAYER_OVERHEAD_S = 2e-4
 # Starting value of FlashAttention's efficiency relative to the GEMMs' (Shah et al. 2024: 35-75 % of peak).
 ATTENTION_EFFICIENCY = 0.6
+PER_RUNTIME_DEFAULTS = {
+    "elementwise_passes": ELEMENTWISE_PASSES,
+    "attention_efficiency": ATTENTION_EFFICIENCY,
+    "layer_overhead_s": LAYER_OVERHEAD_S,
+    "microbatch_overhead_s": 0.0,
+}
 
 # fp8 casting: each element quantised is read in bf16 (2 bytes) and written in fp8 (1 byte).
 FP8_CAST_BYTES = 3
@@ -266,36 +272,19 @@ class StepTimeModel:
             return statistics.median(fitted)
         return DEFAULT_EFFICIENCY.get(gpu.architecture, 0.5)
 
-    def elementwise_passes_of(self, runtime: str) -> float:
-        if runtime in self.elementwise_passes:
-            return self.elementwise_passes[runtime]
-        if self.elementwise_passes:
-            return statistics.fmean(self.elementwise_passes.values())
-        return ELEMENTWISE_PASSES
-
-    def attention_efficiency_of(self, runtime: str) -> float:
-        """The runtime's FlashAttention efficiency, else the one for every runtime (key ``"*"``)."""
-        if runtime in self.attention_efficiency:
-            return self.attention_efficiency[runtime]
-        if "*" in self.attention_efficiency:
-            return self.attention_efficiency["*"]
-        if self.attention_efficiency:
-            return statistics.fmean(self.attention_efficiency.values())
-        return ATTENTION_EFFICIENCY
-
-    def layer_overhead_of(self, runtime: str) -> float:
-        if runtime in self.layer_overhead_s:
-            return self.layer_overhead_s[runtime]
-        if self.layer_overhead_s:
-            return statistics.fmean(self.layer_overhead_s.values())
-        return LAYER_OVERHEAD_S
-
-    def microbatch_overhead_of(self, runtime: str) -> float:
-        if runtime in self.microbatch_overhead_s:
-            return self.microbatch_overhead_s[runtime]
-        if self.microbatch_overhead_s:
-            return statistics.fmean(self.microbatch_overhead_s.values())
-        return 0.0
+    def per_runtime(self, name: str, runtime: str) -> float:
+        """``runtime``'s entry of the per-runtime table ``name`` (``elementwise_passes``,
+        ``attention_efficiency``, ``layer_overhead_s``, ``microbatch_overhead_s``); else the entry for every
+        runtime (key ``"*"``); else the mean of the fitted entries; else the starting value
+        (:data:`PER_RUNTIME_DEFAULTS`)."""
+        table: dict[str, float] = getattr(self, name)
+        if runtime in table:
+            return table[runtime]
+        if "*" in table:
+            return table["*"]
+        if table:
+            return statistics.fmean(table.values())
+        return PER_RUNTIME_DEFAULTS[name]
 
     def with_efficiency(self, key: str, value: float, precision: str | None = None) -> StepTimeModel:
         if not 0 < value <= 1:
@@ -488,12 +477,12 @@ def evaluate_terms(t: StepTerms, gpu: GpuType, links: Links, model: StepTimeMode
     hbm = gpu.hbm_gbps * 1e9
     flash = gpu.architecture in FLASH_ARCHITECTURES and not t.eager
     if flash:
-        attention = t.flash_flops / (sixteen * model.attention_efficiency_of(t.runtime))
+        attention = t.flash_flops / (sixteen * model.per_runtime("attention_efficiency", t.runtime))
     else:
         attention = t.eager_flops / sixteen + t.eager_attention_bytes / hbm
     layers = t.linear_flops / linear_rate + t.gemm_bytes / hbm + attention
-    layers += (3 * model.elementwise_passes_of(t.runtime) * t.elementwise_bytes + casts) / hbm
-    layers += t.layers * model.layer_overhead_of(t.runtime)
+    layers += (3 * model.per_runtime("elementwise_passes", t.runtime) * t.elementwise_bytes + casts) / hbm
+    layers += t.layers * model.per_runtime("layer_overhead_s", t.runtime)
     output = t.other_flops / sixteen + t.output_bytes / hbm
     if t.balanced:  # stages balanced by cost: the output layer's time spread over the stages
         per_microbatch = (layers * t.pp + output) / t.pp
@@ -509,7 +498,7 @@ def evaluate_terms(t: StepTerms, gpu: GpuType, links: Links, model: StepTimeMode
     # Consecutive stages sit on different nodes when one stage fills a node or more.
     crosses = t.num_gpus > links.domain and t.pp_stride >= links.gpus_per_node
     p2p = p2p_s(links, t.pipeline_bytes, crosses, eff)
-    overhead = model.microbatch_overhead_of(t.runtime)
+    overhead = model.per_runtime("microbatch_overhead_s", t.runtime)
     slots = t.microbatches + (t.pp - 1) / t.vpp
     dp_step = collective_s(links, t.dp_allreduce_bytes, t.dp_group, t.dp_stride, eff)
     dp_mb = collective_s(links, t.dp_microbatch_bytes, t.dp_group, t.dp_stride, eff)
@@ -619,9 +608,10 @@ def step_terms_of(arch: ModelArch, t: TrainingConfig, p: ParallelConfig) -> Step
     else:
         dp_step = grad * params
     sharded = p.zero_stage >= 1 or t.runtime == "fsdp2"
+    flops = step_flops(arch, t, p)
     return StepTerms(
-        model_flops=step_flops(arch, t, p),
-        flops_per_gpu=step_flops(arch, t, p) / p.num_gpus,
+        model_flops=flops,
+        flops_per_gpu=flops / p.num_gpus,
         precision=t.precision,
         runtime=t.runtime,
         microbatches=microbatches,

@@ -256,18 +256,24 @@ def _job_of(row: dict[str, str]) -> JobSpec:
     return JobSpec(name=f"row-{rid}", model=arch, training=training, parallel=parallel)
 
 
-def read_measurements(path: str | Path) -> list[MeasuredRun]:
-    """Every row of a calibration-format CSV file, parsed (rows MARP cannot model carry ``skip_reason``)."""
+def read_rows(path: str | Path, required: Sequence[str]) -> list[dict[str, str]]:
+    """The rows of a calibration-format CSV file; ``ValueError`` naming the file when it cannot be read or
+    lacks one of the ``required`` columns."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as err:
         raise ValueError(f"cannot read {path}: {err.strerror}") from None
     reader = csv.DictReader(text.splitlines())
-    missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
+    missing = [c for c in required if c not in (reader.fieldnames or [])]
     if missing:
-        raise ValueError(f"{path}: missing column(s) {', '.join(missing)}; required: {', '.join(REQUIRED_COLUMNS)}")
-    return [parse_row(row) for row in reader]
+        raise ValueError(f"{path}: missing column(s) {', '.join(missing)}; required: {', '.join(required)}")
+    return list(reader)
+
+
+def read_measurements(path: str | Path) -> list[MeasuredRun]:
+    """Every row of a calibration-format CSV file, parsed (rows MARP cannot model carry ``skip_reason``)."""
+    return [parse_row(row) for row in read_rows(path, REQUIRED_COLUMNS)]
 
 
 # --- predicting and scoring ---------------------------------------------------------------------------

@@ -28,7 +28,6 @@ predicts that group's rows with the others' parameters.
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import re
@@ -55,7 +54,7 @@ from frenzy_opt.steptime import (
     step_flops,
     step_terms,
 )
-from frenzy_opt.validation.measured import _first_int, _vocab
+from frenzy_opt.validation.measured import _first_int, _vocab, read_rows
 
 REQUIRED_COLUMNS = (
     "row_id", "source_name", "framework", "gpu_class", "gpu", "num_gpus", "gpus_per_node", "interconnect",
@@ -486,16 +485,7 @@ def read_any(paths: Sequence[str | Path]) -> list[StepRun]:
 
 def read_runs(path: str | Path) -> list[StepRun]:
     """Every row of a step-time calibration-format CSV file, parsed."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise ValueError(f"cannot read {path}: {err.strerror}") from None
-    reader = csv.DictReader(text.splitlines())
-    missing = [c for c in REQUIRED_COLUMNS if c not in (reader.fieldnames or [])]
-    if missing:
-        raise ValueError(f"{path}: missing column(s) {', '.join(missing)}; required: {', '.join(REQUIRED_COLUMNS)}")
-    return [parse_row(row) for row in reader]
+    return [parse_row(row) for row in read_rows(path, REQUIRED_COLUMNS)]
 
 
 def usable(runs: Iterable[StepRun]) -> list[StepRun]:
@@ -586,44 +576,25 @@ def _efficiency_parameter(key: str) -> _Parameter:
     )
 
 
-def _passes_parameter(runtime: str) -> _Parameter:
-    return _Parameter(
-        f"elementwise_passes[{runtime}]",
-        lambda m: m.elementwise_passes_of(runtime),
-        lambda m, v: replace(m, elementwise_passes={**m.elementwise_passes, runtime: v}),
-        *ELEMENTWISE_PASSES_RANGE,
-    )
+def _per_runtime_parameter(name: str, runtime: str, lo: float, hi: float, start: float | None = None) -> _Parameter:
+    """The ``runtime`` entry of one of :class:`StepTimeModel`'s per-runtime tables (``name``); an absent
+    entry starts from ``start``, else from the model's fall-back for the runtime."""
+
+    def get(m: StepTimeModel) -> float:
+        table: dict[str, float] = getattr(m, name)
+        return table.get(runtime, start) if start is not None else m.per_runtime(name, runtime)
+
+    def put(m: StepTimeModel, v: float) -> StepTimeModel:
+        values: dict[str, Any] = {name: {**getattr(m, name), runtime: v}}
+        return replace(m, **values)
+
+    return _Parameter(f"{name}[{runtime}]", get, put, lo, hi)
 
 
 def _attention_parameter() -> _Parameter:
     """One FlashAttention efficiency for every runtime: per-runtime values fit better in sample and worse
     left out (measured: leave one source out 28.9 % against 27.9 %), too few runs tell the kernels apart."""
-    return _Parameter(
-        "attention_efficiency",
-        lambda m: m.attention_efficiency_of("*"),
-        lambda m, v: replace(m, attention_efficiency={"*": v}),
-        0.1,
-        1.0,
-    )
-
-
-def _layer_parameter(runtime: str) -> _Parameter:
-    return _Parameter(
-        f"layer_overhead_s[{runtime}]",
-        lambda m: m.layer_overhead_of(runtime),
-        lambda m, v: replace(m, layer_overhead_s={**m.layer_overhead_s, runtime: v}),
-        *LAYER_OVERHEAD_RANGE,
-    )
-
-
-def _overhead_parameter(runtime: str) -> _Parameter:
-    return _Parameter(
-        f"microbatch_overhead_s[{runtime}]",
-        lambda m: max(m.microbatch_overhead_s.get(runtime, 1e-3), 1e-5),
-        lambda m, v: replace(m, microbatch_overhead_s={**m.microbatch_overhead_s, runtime: v}),
-        1e-5,
-        1.0,
-    )
+    return _per_runtime_parameter("attention_efficiency", "*", 0.1, 1.0)
 
 
 def _scalar(name: str, lo: float, hi: float) -> _Parameter:
@@ -658,10 +629,10 @@ def parameters_for(runs: Sequence[StepRun], *, keys: str = "architecture") -> li
     if any(r.job is not None and r.job.training.precision == "fp8" for r in rows):
         out.append(_scalar("fp8_efficiency", 0.2, 1.0))
     runtimes = sorted({r.job.training.runtime for r in rows if r.job is not None})
-    out.extend(_overhead_parameter(rt) for rt in runtimes)
+    out.extend(_per_runtime_parameter("microbatch_overhead_s", rt, 1e-5, 1.0, start=1e-3) for rt in runtimes)
     if keys == "architecture" and len(rows) >= 8:
-        out.extend(_passes_parameter(rt) for rt in runtimes)
-        out.extend(_layer_parameter(rt) for rt in runtimes)
+        out.extend(_per_runtime_parameter("elementwise_passes", rt, *ELEMENTWISE_PASSES_RANGE) for rt in runtimes)
+        out.extend(_per_runtime_parameter("layer_overhead_s", rt, *LAYER_OVERHEAD_RANGE) for rt in runtimes)
         out.append(_attention_parameter())
     return out
 
