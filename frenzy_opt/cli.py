@@ -13,7 +13,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.progress import Progress, TaskID
@@ -55,6 +55,9 @@ from frenzy_opt.solvers import make_solver
 from frenzy_opt.solvers.policies import policy_names
 from frenzy_opt.spec import load_job
 from frenzy_opt.truth import SIA_TABLES, TruthKind, TruthSpec, truth_spec
+
+if TYPE_CHECKING:  # the report pulls in matplotlib: imported when compare runs
+    from frenzy_opt.report import CompareSetup, Section
 
 GIB = 2**30
 DEFAULT_REPORT = "benchmarks/results/compare.md"
@@ -804,42 +807,115 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _floats(flag: str, text: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise ValueError(f"{flag}: comma-separated numbers, got {text!r}") from None
+
+
+def _compare_sections(args: argparse.Namespace) -> tuple[Section, ...]:
+    """``--sections``, else every section without SCENARIOS, else (SCENARIOS named) ``llm``, ``failures``
+    and ``profiled`` as before sections existed; minus ``--no-failures`` / ``--no-profiled``."""
+    from frenzy_opt.report import Section, parse_sections
+
+    if args.sections:
+        sections = parse_sections(args.sections)
+    elif args.scenarios:
+        sections = (Section.LLM, Section.FAILURES, Section.PROFILED)
+    else:
+        sections = tuple(Section)
+    dropped = {Section.FAILURES} if args.no_failures else set()
+    dropped |= {Section.PROFILED} if args.no_profiled else set()
+    return tuple(s for s in sections if s not in dropped)
+
+
+def _compare_setup(args: argparse.Namespace) -> CompareSetup:
+    """The :class:`~frenzy_opt.report.CompareSetup` of ``frenzy compare``'s arguments, checked before any
+    simulation (bad names, missing tables: ``ValueError``); sections that cannot run here are marked
+    skipped with the reason."""
+    from frenzy_opt.protocol import DEFAULT_SIA_SETS, SIA_WORKLOADS, sensitivity_variants, sia_workload_files
+    from frenzy_opt.report import CompareSetup, Section
+
+    scenarios = tuple(args.scenarios or DEFAULT_COMPARE_SCENARIOS)
+    for name in (*scenarios, args.sensitivity_scenario):
+        resolve(name)  # fail fast on a bad name, before hours of simulation
+    sections = _compare_sections(args)
+    truth = _truth(args)
+    skipped: list[tuple[Section, str]] = []
+    profiled = None
+    if Section.PROFILED in sections:
+        if truth.kind == TruthKind.PROFILED:
+            skipped.append((Section.PROFILED, "The main truth is already `profiled`."))
+        elif SIA_TABLES.is_dir():
+            profiled = (DEFAULT_PROFILED_SCENARIO, truth_spec("profiled"))
+        else:
+            skipped.append((Section.PROFILED, f"Sia's tables are not at `{SIA_TABLES}` (the project ships none)."))
+    sia_sets: list[tuple[str, tuple[Path, ...]]] = []
+    sia_root = Path(args.sia_workloads) if args.sia_workloads else SIA_WORKLOADS
+    sia_tables = Path(args.sia_tables) if args.sia_tables else SIA_TABLES
+    if Section.SIA_TRACES in sections:
+        if sia_root.is_dir() and sia_tables.is_dir():
+            names = [n.strip() for n in (args.sia_sets or ",".join(DEFAULT_SIA_SETS)).split(",") if n.strip()]
+            sia_sets = [(n, tuple(sia_workload_files(n, sia_root))) for n in names]
+        else:
+            reason = (
+                f"Sia's workload files (`{sia_root}`) or tables (`{sia_tables}`) are absent (the project ships none)."
+            )
+            skipped.append((Section.SIA_TRACES, reason))
+    variants = sensitivity_variants(
+        _floats("--rounds-s", args.rounds_s), _floats("--restart-scales", args.restart_scales)
+    )
+    if args.sensitivity_seeds < 1:
+        raise ValueError(f"--sensitivity-seeds must be >= 1, got {args.sensitivity_seeds}")
+    return CompareSetup(
+        policies=tuple(parse_policies(args.policy)),
+        sections=sections,
+        scenarios=scenarios,
+        truth=truth,
+        seeds=args.seeds,
+        failures=DEFAULT_FAILURES,
+        profiled=profiled,
+        sia_sets=tuple(sia_sets),
+        sia_cluster=load_cluster_ref(args.sia_cluster) if sia_sets else None,
+        sia_traces_root=sia_tables,
+        sensitivity_scenario=args.sensitivity_scenario,
+        sensitivity_seeds=args.sensitivity_seeds,
+        variants=tuple(variants),
+        skipped=tuple(skipped),
+    )
+
+
+def _compare_command(args: argparse.Namespace, parser_defaults: dict[str, Any]) -> str:
+    """The command line that regenerates the report: SCENARIOS and every option away from its default."""
+    command = "frenzy compare" + (" " + " ".join(args.scenarios) if args.scenarios else "")
+    for dest, default in parser_defaults.items():
+        value = getattr(args, dest)
+        flag = "--" + dest.replace("_", "-")
+        if isinstance(value, bool):
+            command += f" {flag}" if value else ""
+        elif value != default:
+            command += f" {flag} {value}"
+    return command
+
+
+# Options of ``frenzy compare`` and their defaults, in the order the regenerate command lists them.
+COMPARE_OPTIONS: dict[str, Any] = {
+    "sections": None, "policy": ",".join(DEFAULT_COMPARE_POLICIES), "truth": DEFAULT_COMPARE_TRUTH,
+    "seeds": DEFAULT_COMPARE_SEEDS, "profiles": "sia", "profile_app": None, "out": DEFAULT_REPORT,
+    "no_failures": False, "no_profiled": False, "sia_sets": None, "sia_cluster": "sia-64", "sia_workloads": None,
+    "sia_tables": None, "sensitivity_scenario": "sia64-llm", "sensitivity_seeds": 4, "rounds_s": "30,60,120,360",
+    "restart_scales": "0.5,2",
+}  # fmt: skip
+
+
 def cmd_compare(args: argparse.Namespace) -> int:
     from frenzy_opt.report import write_report
 
-    scenarios = args.scenarios or list(DEFAULT_COMPARE_SCENARIOS)
-    policies = parse_policies(args.policy)
-    for name in scenarios:
-        resolve(name)  # fail fast on a bad name, before hours of simulation
-    truth = _truth(args)
-    command = "frenzy compare" + (" " + " ".join(args.scenarios) if args.scenarios else "")
-    for flag, value, default in (
-        ("--policy", args.policy, ",".join(DEFAULT_COMPARE_POLICIES)),
-        ("--truth", args.truth, DEFAULT_COMPARE_TRUTH),
-        ("--seeds", args.seeds, DEFAULT_COMPARE_SEEDS),
-        ("--profiles", args.profiles, "sia"),
-        ("--profile-app", args.profile_app, None),
-        ("--out", args.out, DEFAULT_REPORT),
-    ):
-        if value != default:
-            command += f" {flag} {value}"
-    for flag, on in (("--no-failures", args.no_failures), ("--no-profiled", args.no_profiled)):
-        command += f" {flag}" if on else ""
-    extra: list[tuple[str, TruthSpec]] = []
-    if not args.no_profiled and truth.kind != TruthKind.PROFILED and SIA_TABLES.is_dir():
-        extra.append((DEFAULT_PROFILED_SCENARIO, truth_spec("profiled")))
+    setup = _compare_setup(args)
+    command = _compare_command(args, COMPARE_OPTIONS)
     with _ProgressBar(sys.stderr.isatty()) as bar:
-        out = write_report(
-            scenarios,
-            policies,
-            Path(args.out),
-            truth=truth,
-            seeds=args.seeds,
-            progress=bar,
-            command=command,
-            failures=None if args.no_failures else DEFAULT_FAILURES,
-            extra=extra,
-        )
+        out = write_report(setup, Path(args.out), progress=bar, command=command)
     _emit(args, {"report": str(out)}, lambda console: console.print(f"wrote {out}"))
     return 0
 
@@ -1004,8 +1080,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--workload-format", help="format of --workload-file: sia (name, time, application, ...)")
     p = add("compare", "run policies on scenarios and write the Markdown comparison report", cmd_compare)
-    p.add_argument("scenarios", nargs="*", help=f"scenarios (default: {' '.join(DEFAULT_COMPARE_SCENARIOS)})")
-    p.add_argument("--policy", default=",".join(DEFAULT_COMPARE_POLICIES), help="comma-separated policies")
+    p.add_argument(
+        "scenarios", nargs="*", help=f"llm section's scenarios (default: {' '.join(DEFAULT_COMPARE_SCENARIOS)})"
+    )
+    p.add_argument(
+        "--sections",
+        help="comma-separated: llm, failures, profiled, hours, sia-traces, sensitivity (default: all; with "
+        "SCENARIOS: llm,failures,profiled)",
+    )
+    p.add_argument("--policy", default=COMPARE_OPTIONS["policy"], help="comma-separated policies")
     p.add_argument("--out", default=DEFAULT_REPORT, help=f"report path (default {DEFAULT_REPORT})")
     p.add_argument("--no-failures", action="store_true", help=f"skip the failure experiment on {DEFAULT_FAILURES[0]}")
     _add_truth_args(p, DEFAULT_COMPARE_TRUTH)
@@ -1015,6 +1098,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--no-profiled", action="store_true", help=f"skip {DEFAULT_PROFILED_SCENARIO} under the profiled truth"
     )
+    p.add_argument("--sia-sets", help="sia-traces: Sia's workload sets (default philly,saturn; every file of each)")
+    p.add_argument("--sia-cluster", default="sia-64", help="sia-traces: the cluster (default sia-64)")
+    p.add_argument("--sia-workloads", help="sia-traces: folder of the sets (default Sia's, under ../shared/traces)")
+    p.add_argument("--sia-tables", help="sia-traces: Sia's tables (default ../shared/traces/sia-heterogeneous/traces)")
+    p.add_argument("--sensitivity-scenario", default="sia64-llm", help="sensitivity: the scenario (default sia64-llm)")
+    p.add_argument("--sensitivity-seeds", type=int, default=4, help="sensitivity: seeds (default 4)")
+    p.add_argument(
+        "--rounds-s",
+        default="30,60,120,360",
+        help="sensitivity: round lengths of sia and gavel, s (default 30,60,120,360)",
+    )
+    p.add_argument("--restart-scales", default="0.5,2", help="sensitivity: restart-cost factors (default 0.5,2)")
     p = add("serve", "run the HTTP service (FastAPI under uvicorn)", cmd_serve)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--calibration", help="step-time calibration profile to plan with; the closed loop learns into it")

@@ -28,7 +28,7 @@ from frenzy_opt.scenario import Scenario, load_scenario
 from frenzy_opt.simplot import plot_jct_cdf, plot_sim_gantt, plot_utilization
 from frenzy_opt.simulator import Failures, ModelTruth, SimJob, SimResult, SimulationError, Simulator, Truth, sim_jobs
 from frenzy_opt.solvers.policies import make_policy, policy_names
-from frenzy_opt.stats import ci95_half_width, mean
+from frenzy_opt.stats import PairedDifference, ci95_half_width, mean, paired_ci95, relative_reductions
 from frenzy_opt.topology import Topology
 from frenzy_opt.truth import TruthKind, TruthSpec
 
@@ -212,6 +212,10 @@ class SeededRuns:
     seeds: list[int]
     experiments: list[Experiment]
     truth: TruthSpec
+    labels: list[str] = field(default_factory=list)
+    """Names of the samples when they are not seeds (e.g. Sia's workload files); empty: seeds."""
+    description: str = ""
+    """What the samples are and what is true in them, when not the truth spec's (e.g. Sia's replay)."""
 
     @property
     def first(self) -> Experiment:
@@ -274,5 +278,46 @@ def seeded_payload(runs: SeededRuns) -> dict[str, dict[str, Any]]:
             {"seed": seed, "avg_jct_s": p["avg_jct_s"], "p99_jct_s": p["p99_jct_s"]}
             for seed, p in zip(runs.seeds, per, strict=True)
         ]
+        for row, label in zip(payload["per_seed"], runs.labels, strict=False):
+            row["label"] = label
         out[name] = payload
     return out
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PairedComparison:
+    """``reference`` against one policy over the same samples (seeds or workload files)."""
+
+    avg_reduction: PairedDifference
+    """Per sample 1 − reference's average JCT / the other's: mean and 95 % half-width (positive = lower)."""
+    avg_difference_s: PairedDifference
+    """Per sample the other's average JCT − reference's, seconds."""
+    p99_reduction: PairedDifference
+    wins: int
+    """Samples in which the reference's average JCT is lower."""
+
+
+def paired(runs: SeededRuns, reference: str, other: str) -> PairedComparison:
+    """``reference`` against ``other`` (two result names of every experiment), paired by sample."""
+
+    def series(name: str, key: str) -> list[float]:
+        return [float(e.results[name].metrics()[key]) for e in runs.experiments]
+
+    ref_avg, ref_p99 = series(reference, "avg_jct_s"), series(reference, "p99_jct_s")
+    avg, p99 = series(other, "avg_jct_s"), series(other, "p99_jct_s")
+    zeros = [0.0] * len(avg)
+    return PairedComparison(
+        avg_reduction=paired_ci95(relative_reductions(ref_avg, avg), zeros),
+        avg_difference_s=paired_ci95(avg, ref_avg),
+        p99_reduction=paired_ci95(relative_reductions(ref_p99, p99), zeros),
+        wins=sum(r < o for r, o in zip(ref_avg, avg, strict=True)),
+    )
+
+
+def paired_comparisons(runs: SeededRuns, reference: str = "frenzy") -> dict[str, PairedComparison]:
+    """``reference`` against every other policy that ran on every sample (:func:`paired`); empty without
+    the reference."""
+    names = runs.policies()
+    if reference not in names:
+        return {}
+    return {name: paired(runs, reference, name) for name in names if name != reference}

@@ -48,6 +48,7 @@ LAYERS = {
     "frenzy_opt.gantt": 7,
     "frenzy_opt.simplot": 7,
     "frenzy_opt.experiment": 7,
+    "frenzy_opt.protocol": 7,
     "frenzy_opt.report": 7,
     "frenzy_opt.service": 7,
     "frenzy_opt.cli": 8,
