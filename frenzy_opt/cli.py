@@ -49,6 +49,17 @@ from frenzy_opt.problem import (
     makespan_s,
     objective,
 )
+from frenzy_opt.protocol import (
+    DEFAULT_RESTART_SCALES,
+    DEFAULT_ROUNDS_S,
+    DEFAULT_SENSITIVITY_SCENARIO,
+    DEFAULT_SENSITIVITY_SEEDS,
+    DEFAULT_SIA_CLUSTER,
+    DEFAULT_SIA_SETS,
+    SIA_WORKLOADS,
+    sensitivity_variants,
+    sia_workload_files,
+)
 from frenzy_opt.scenario import DEFAULT_SCENARIO, Scenario, load_cluster_ref, load_scenario, resolve
 from frenzy_opt.simulator import Failures, SimulationError
 from frenzy_opt.solvers import make_solver
@@ -834,7 +845,6 @@ def _compare_setup(args: argparse.Namespace) -> CompareSetup:
     """The :class:`~frenzy_opt.report.CompareSetup` of ``frenzy compare``'s arguments, checked before any
     simulation (bad names, missing tables: ``ValueError``); sections that cannot run here are marked
     skipped with the reason."""
-    from frenzy_opt.protocol import DEFAULT_SIA_SETS, SIA_WORKLOADS, sensitivity_variants, sia_workload_files
     from frenzy_opt.report import CompareSetup, Section
 
     scenarios = tuple(args.scenarios or DEFAULT_COMPARE_SCENARIOS)
@@ -852,11 +862,10 @@ def _compare_setup(args: argparse.Namespace) -> CompareSetup:
         else:
             skipped.append((Section.PROFILED, f"Sia's tables are not at `{SIA_TABLES}` (the project ships none)."))
     sia_sets: list[tuple[str, tuple[Path, ...]]] = []
-    sia_root = Path(args.sia_workloads) if args.sia_workloads else SIA_WORKLOADS
-    sia_tables = Path(args.sia_tables) if args.sia_tables else SIA_TABLES
+    sia_root, sia_tables = Path(args.sia_workloads), Path(args.sia_tables)
     if Section.SIA_TRACES in sections:
         if sia_root.is_dir() and sia_tables.is_dir():
-            names = [n.strip() for n in (args.sia_sets or ",".join(DEFAULT_SIA_SETS)).split(",") if n.strip()]
+            names = [n.strip() for n in args.sia_sets.split(",") if n.strip()]
             sia_sets = [(n, tuple(sia_workload_files(n, sia_root))) for n in names]
         else:
             reason = (
@@ -903,10 +912,23 @@ def _compare_command(args: argparse.Namespace, parser_defaults: dict[str, Any]) 
 COMPARE_OPTIONS: dict[str, Any] = {
     "sections": None, "policy": ",".join(DEFAULT_COMPARE_POLICIES), "truth": DEFAULT_COMPARE_TRUTH,
     "seeds": DEFAULT_COMPARE_SEEDS, "profiles": "sia", "profile_app": None, "out": DEFAULT_REPORT,
-    "no_failures": False, "no_profiled": False, "sia_sets": None, "sia_cluster": "sia-64", "sia_workloads": None,
-    "sia_tables": None, "sensitivity_scenario": "sia64-llm", "sensitivity_seeds": 4, "rounds_s": "30,60,120,360",
-    "restart_scales": "0.5,2",
+    "no_failures": False, "no_profiled": False, "sia_sets": ",".join(DEFAULT_SIA_SETS),
+    "sia_cluster": DEFAULT_SIA_CLUSTER, "sia_workloads": str(SIA_WORKLOADS), "sia_tables": str(SIA_TABLES),
+    "sensitivity_scenario": DEFAULT_SENSITIVITY_SCENARIO, "sensitivity_seeds": DEFAULT_SENSITIVITY_SEEDS,
+    "rounds_s": ",".join(f"{r:g}" for r in DEFAULT_ROUNDS_S),
+    "restart_scales": ",".join(f"{r:g}" for r in DEFAULT_RESTART_SCALES),
 }  # fmt: skip
+# The options of the sia-traces and sensitivity sections, added to the parser from COMPARE_OPTIONS.
+COMPARE_HELP = {
+    "sia_sets": "sia-traces: Sia's workload sets, every file of each",
+    "sia_cluster": "sia-traces: the cluster",
+    "sia_workloads": "sia-traces: the folder of the sets",
+    "sia_tables": "sia-traces: Sia's tables (its traces/ folder)",
+    "sensitivity_scenario": "sensitivity: the scenario",
+    "sensitivity_seeds": "sensitivity: seeds",
+    "rounds_s": "sensitivity: round lengths of sia and gavel, s",
+    "restart_scales": "sensitivity: restart-cost factors",
+}
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -1098,18 +1120,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--no-profiled", action="store_true", help=f"skip {DEFAULT_PROFILED_SCENARIO} under the profiled truth"
     )
-    p.add_argument("--sia-sets", help="sia-traces: Sia's workload sets (default philly,saturn; every file of each)")
-    p.add_argument("--sia-cluster", default="sia-64", help="sia-traces: the cluster (default sia-64)")
-    p.add_argument("--sia-workloads", help="sia-traces: folder of the sets (default Sia's, under ../shared/traces)")
-    p.add_argument("--sia-tables", help="sia-traces: Sia's tables (default ../shared/traces/sia-heterogeneous/traces)")
-    p.add_argument("--sensitivity-scenario", default="sia64-llm", help="sensitivity: the scenario (default sia64-llm)")
-    p.add_argument("--sensitivity-seeds", type=int, default=4, help="sensitivity: seeds (default 4)")
-    p.add_argument(
-        "--rounds-s",
-        default="30,60,120,360",
-        help="sensitivity: round lengths of sia and gavel, s (default 30,60,120,360)",
-    )
-    p.add_argument("--restart-scales", default="0.5,2", help="sensitivity: restart-cost factors (default 0.5,2)")
+    for dest, help_text in COMPARE_HELP.items():
+        default = COMPARE_OPTIONS[dest]
+        kind = int if isinstance(default, int) else str
+        shown = f" (default {default})" if default is not None else ""
+        p.add_argument("--" + dest.replace("_", "-"), type=kind, default=default, help=help_text + shown)
     p = add("serve", "run the HTTP service (FastAPI under uvicorn)", cmd_serve)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--calibration", help="step-time calibration profile to plan with; the closed loop learns into it")
