@@ -17,12 +17,13 @@ Redundant constraints (each removes no optimal schedule; each can be switched of
 to measure it, and ``tests/test_cpsat.py`` checks the optimum does not move):
 
 * ``pools``: one cumulative per GPU type over the (job, option) intervals, capacity = the type's GPUs,
-  demand = the option's GPUs: the per-node cumulatives summed, a relaxation. On it CP-SAT's LP adds its
-  cumulative cuts, among them completion-time cuts (Queyranne 1993, "Structure of a simple scheduling
-  polyhedron", Math. Programming 58; for a cumulative resource the energy form of Hooker 2007 and
-  OR-Tools ``scheduling_cuts.cc``, ``CreateCumulativeCompletionTimeCutGenerator``), which bound
-  sum w x C on each pool; they are generated at ``linearization_level`` 2 (OR-Tools
-  ``sat_parameters.proto``: "level 2 ... adds cuts for the scheduling constraints").
+  demand = the option's GPUs: the per-node cumulatives summed, a relaxation. At ``linearization_level``
+  >= 2 CP-SAT adds cut generators for every cumulative (OR-Tools ``linear_relaxation.cc``: the
+  ``kCumulative`` case calls ``AddCumulativeCutGenerator`` only when ``linearization_level > 1``), among
+  them completion-time cuts that treat a task of demand k and duration d as a one-machine task of
+  duration d x k / capacity (``scheduling_cuts.h``, ``CreateCumulativeCompletionTimeCutGenerator``),
+  Queyranne's inequalities for sum w x C (Queyranne 1993, "Structure of a simple scheduling polyhedron",
+  Math. Programming 58). On the per-node cumulatives those cuts see one node; on a pool, the whole type.
 * ``energy``: per GPU type, GPU-seconds used <= the type's GPUs x (makespan - first arrival).
 * ``symmetry``: nodes of one GPU type with the same GPU count and the same busy entries are
   interchangeable: relabelling them in any schedule gives a schedule of the same cost. Each such class
@@ -37,8 +38,21 @@ to measure it, and ``tests/test_cpsat.py`` checks the optimum does not move):
   per-job deadline, and the horizon is the latest of them (standard upper-bound tightening of branch and
   bound; no optimum has a larger objective). Also ``end_j >= arrival_j + fastest_j`` always.
 
-The greedy schedule is given as a hint (its nodes relabelled to obey ``symmetry``); time limit, workers,
-seed and linearization level come from the caller (CLI flags).
+* ``grid_points``: the interval-indexed relaxation of Hall, Schulz, Shmoys & Wein 1997 ("Scheduling to
+  minimize average completion time: off-line and on-line approximation algorithms", Math. of Operations
+  Research 22, the LP over geometric intervals), with GPU-seconds for processing times and a GPU type's
+  GPUs for the machines: at checkpoints T_1 < ... < T_L (geometric, :func:`checkpoints`) a Boolean
+  ``done[j,k,T]`` = job j runs option k and ends by T (reified both ways, so it is determined by the
+  schedule); per GPU type and T, the GPU-seconds of the jobs done by T <= its GPUs x (T - first arrival)
+  minus the busy GPU-seconds in that window (work done by T was done in it); and
+  ``end_j >= sum_i (T_i - T_i-1) x (1 - done_j by T_i)`` (a job not done by T_i ends after T_i). Valid for
+  every schedule, so the optimum stays; its LP rows couple option choice and contention, which the
+  per-job bounds ``end >= start + duration`` do not.
+
+The greedy schedule is given as a complete hint (its nodes relabelled to obey ``symmetry``, every
+``done`` literal and the makespan set from it), so the first solution is the greedy's; time limit,
+workers, seed, linearization level and the full-problem worker (``max_lp``, :class:`CpSatSolver`) come
+from the caller.
 """
 
 from __future__ import annotations
