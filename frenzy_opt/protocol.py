@@ -33,8 +33,10 @@ SIA_WORKLOADS = SIA_TABLES.parent / "workloads"
 # Saturn-derived, 160 jobs each on the 64-GPU cluster), every file of each.
 DEFAULT_SIA_SETS = ("philly", "saturn")
 DEFAULT_SIA_CLUSTER = "sia-64"
-# Round lengths of the sensitivity (seconds): Sia's 60 s and Gavel's 360 s defaults (solvers/sia.py,
-# solvers/gavel.py) and the neighbours that halve and double Sia's.
+# The policies' default round lengths (seconds): the round_s defaults of solvers/sia.py (SiaPolicy) and
+# solvers/gavel.py (GavelPolicy, "Gavel's default" there); tests/test_compare.py checks they agree.
+DEFAULT_ROUND_S = {"sia": 60.0, "gavel": 360.0}
+# Round lengths of the sensitivity (seconds): those two defaults and the neighbours that halve and double Sia's.
 DEFAULT_ROUNDS_S = (30.0, 60.0, 120.0, 360.0)
 # Restart-cost factors of the sensitivity: Sia measured 25-250 s per model (SOSP 2023 §5), a 10x range; half
 # and double our per-model estimate (simulator.restart_cost_s) bracket where within it a job lies.
@@ -104,9 +106,10 @@ class Variant:
 def sensitivity_variants(
     rounds_s: Sequence[float] = DEFAULT_ROUNDS_S, restart_scales: Sequence[float] = DEFAULT_RESTART_SCALES
 ) -> list[Variant]:
-    """The defaults, then one variant per round length (``sia`` and ``gavel`` both), then one per restart
-    factor (at the default rounds)."""
-    variants = [Variant(label="defaults")]
+    """The defaults (:data:`DEFAULT_ROUND_S`, restart costs as modelled), then one variant per round length
+    (``sia`` and ``gavel`` both), then one per restart factor (at the default rounds)."""
+    defaults = {name: {"round_s": r} for name, r in DEFAULT_ROUND_S.items()}
+    variants = [Variant(label="defaults", settings=defaults)]
     for r in rounds_s:
         if not r > 0:
             raise ValueError(f"--rounds-s: round lengths must be > 0, got {r:g}")
@@ -114,7 +117,7 @@ def sensitivity_variants(
     for s in restart_scales:
         if not s >= 0:
             raise ValueError(f"--restart-scales: factors must be >= 0, got {s:g}")
-        variants.append(Variant(label=f"restarts x{s:g}", restart_scale=s))
+        variants.append(Variant(label=f"restarts x{s:g}", settings=defaults, restart_scale=s))
     return variants
 
 
@@ -128,12 +131,16 @@ def variant_key(policy: str, variant: Variant) -> str:
     return f"{policy} [{variant.label}]"
 
 
+def _settings(experiment: Experiment, policy: str, variant: Variant) -> dict[str, object]:
+    return {**dict(experiment.scenario.settings).get(policy, {}), **variant.settings.get(policy, {})}
+
+
 def run_variant(experiment: Experiment, policy: str, variant: Variant) -> SimResult:
     """Replay the experiment's jobs (restart costs scaled) under ``policy`` with the scenario's settings
     overridden by the variant's; stored under :func:`variant_key`."""
     jobs = experiment.jobs if variant.restart_scale == 1.0 else scaled_restarts(experiment.jobs, variant.restart_scale)
-    settings = {**dict(experiment.scenario.settings).get(policy, {}), **variant.settings.get(policy, {})}
-    sim = Simulator(experiment.topology, jobs, make_policy(policy, **settings), truth=experiment.truth)  # type: ignore[arg-type]
+    policy_object = make_policy(policy, **_settings(experiment, policy, variant))
+    sim = Simulator(experiment.topology, jobs, policy_object, truth=experiment.truth)  # type: ignore[arg-type]
     result = experiment.results[variant_key(policy, variant)] = sim.run()
     return result
 
@@ -147,14 +154,21 @@ def run_sensitivity(
     truth: TruthSpec | None = None,
     progress: Progress | None = None,
 ) -> SeededRuns:
-    """Every variant of every policy on the same ``seeds`` experiments (same jobs and truth draws)."""
+    """Every variant of every policy on the same ``seeds`` experiments (same jobs and truth draws). A
+    variant that gives a policy the same settings and restart factor as an earlier one (``rounds 60 s`` is
+    sia's default) reuses that run: the replay is deterministic."""
     if isinstance(scenario, str):
         scenario = load_scenario(scenario)
     runs = run_seeds(scenario, [], seeds=seeds, truth=truth, progress=progress)
     for experiment in runs.experiments:
+        done: dict[tuple[str, str, float], SimResult] = {}
         for variant in variants:
             for policy in policies:
-                run_variant(experiment, policy, variant)
+                key = (policy, repr(sorted(_settings(experiment, policy, variant).items())), variant.restart_scale)
+                if key in done:
+                    experiment.results[variant_key(policy, variant)] = done[key]
+                else:
+                    done[key] = run_variant(experiment, policy, variant)
     return runs
 
 

@@ -49,14 +49,14 @@ from frenzy_opt.stats import PairedDifference
 from frenzy_opt.truth import SIA_TABLES, TruthKind, TruthSpec
 
 POLICY_TEXT = (
-    "Policies (docs/simulator.md): `frenzy` = MARP plans + greedy HAS (online, non-preemptive), planning with its "
-    "own predicted step times; `fifo` = the users' own requests, FIFO per GPU type; `sia` = Sia's goodput ILP every "
-    "60 s (elastic, preemptive); `gavel` = max-sum-throughput time shares, 360 s rounds (rigid, preemptive) — both "
-    "know a job's true speed on a (GPU type, count) once it has run there, the model's prediction before; "
-    "`optimal` = the offline CP-SAT schedule of the predicted durations (clairvoyant of arrivals, "
-    "non-preemptive), tried on scenarios of up to 60 jobs; `-oracle` = the policy told every true step time "
-    "(not a real policy: what its prediction errors cost it). Scheduling overhead = wall time of each "
-    "decision on this machine."
+    "Policies (docs/simulator.md): `frenzy` = MARP plans + greedy HAS, planning with the same information as "
+    "the others (docs/simulator.md, What each policy knows); `fifo` = the users' own requests, FIFO per GPU "
+    "type; `sia` = Sia's goodput ILP every 60 s (elastic, preemptive); `gavel` = max-sum-throughput time shares, "
+    "360 s rounds (rigid, preemptive) — both know a job's true speed on a (GPU type, count) once it has run "
+    "there, the model's prediction before; `optimal` = the offline CP-SAT schedule of the predicted durations "
+    "(clairvoyant of arrivals, non-preemptive), tried on scenarios of up to 60 jobs; `-oracle` = the policy "
+    "told every true step time (not a real policy: what its prediction errors cost it). Scheduling overhead = "
+    "wall time of each decision on this machine."
 )
 # The honest labels of the two kinds of workload (docs/simulator.md, Comparison protocol).
 LLM_LABEL = "synthetic LLM mix (Philly-mapped)"
@@ -171,6 +171,8 @@ def _title(runs: SeededRuns, failures: Failures | None, label: str) -> str:
 def _samples(runs: SeededRuns) -> str:
     if runs.labels:
         return f"{len(runs.labels)} workload files ({', '.join(runs.labels)})"
+    if len(runs.seeds) == 1:
+        return f"1 seed ({runs.seeds[0]})"
     return f"{len(runs.seeds)} seeds ({runs.seeds[0]}…{runs.seeds[-1]})"
 
 

@@ -4,6 +4,7 @@ simulator's own results, the paired interval on a hand example, the sensitivity 
 
 from __future__ import annotations
 
+import json
 import math
 import shutil
 from dataclasses import replace
@@ -15,10 +16,12 @@ from frenzy_opt.cli import main
 from frenzy_opt.experiment import Experiment, SeededRuns, paired, run_policies
 from frenzy_opt.profiles import read_sia_profiles
 from frenzy_opt.protocol import (
+    DEFAULT_ROUND_S,
     Variant,
     per_model_jct,
     restart_stats,
     restarts_per_job,
+    run_sensitivity,
     run_sia_workloads,
     run_variant,
     scaled_restarts,
@@ -26,9 +29,10 @@ from frenzy_opt.protocol import (
     sia_workload_files,
     variant_key,
 )
-from frenzy_opt.report import Section, parse_sections
+from frenzy_opt.report import Section, parse_sections, sensitivity_section
 from frenzy_opt.scenario import Scenario, load_cluster_ref
 from frenzy_opt.siareplay import RESCALE_S, load_sia_replay
+from frenzy_opt.solvers.policies import make_policy
 from frenzy_opt.stats import paired_ci95, relative_reductions
 from frenzy_opt.topology import Topology
 from frenzy_opt.truth import TruthSpec
@@ -130,6 +134,8 @@ def test_sensitivity_variants_change_sia_rounds_and_restart_costs() -> None:
     )
     variants = sensitivity_variants((30.0, 120.0), (2.0,))
     assert [v.label for v in variants] == ["defaults", "rounds 30 s", "rounds 120 s", "restarts x2"]
+    for name, round_s in DEFAULT_ROUND_S.items():  # the defaults variant is the policies' own defaults
+        assert make_policy(name).round_s == round_s  # type: ignore[attr-defined]
     short, long = (run_variant(experiment, "sia", v) for v in variants[1:3])
     assert short.metrics()["num_decisions"] > long.metrics()["num_decisions"]
     assert variant_key("sia", variants[1]) in experiment.results
@@ -176,3 +182,28 @@ def test_sections_parse_and_absent_traces_are_skipped_with_the_reason(
     assert "## Section `sia-traces` skipped" in out.read_text(encoding="utf-8")
     code = main(["compare", "--sections", "bogus", "--out", str(out)])
     assert code == 2 and "allowed: llm" in capsys.readouterr().err
+
+
+TINY = {"num_layers": 2, "hidden_size": 64, "ffn_hidden_size": 128, "num_attention_heads": 4, "num_kv_heads": 2,
+        "vocab_size": 256, "mlp": "swiglu", "norm": "rmsnorm", "tied_embeddings": False}  # fmt: skip
+
+
+def test_sensitivity_reuses_identical_runs_and_reports_every_variant(tmp_path: Path) -> None:
+    jobs = [
+        {"id": f"tiny-{i}", "arrival_s": 60 * i, "model": TINY,
+         "training": {"seq_len": 64, "global_batch_size": 8, "train_steps": 20000 * (i + 1), "precision": "fp32"}}
+        for i in range(4)
+    ]  # fmt: skip
+    path = tmp_path / "tiny.yaml"
+    path.write_text(json.dumps({"name": "tiny", "cluster": str(DATA / "cluster.yaml"), "jobs": jobs}), "utf-8")
+    variants = sensitivity_variants((60.0, 120.0), (2.0,))
+    runs = run_sensitivity(str(path), variants, policies=("frenzy", "sia"), seeds=2, truth=TruthSpec())
+    for experiment in runs.experiments:
+        results = experiment.results
+        assert len(results) == 2 * len(variants)
+        # sia's default round is 60 s and frenzy has no round: the same replay, reused.
+        assert results["sia [rounds 60 s]"] is results["sia [defaults]"]
+        assert results["frenzy [rounds 120 s]"] is results["frenzy [defaults]"]
+        assert results["sia [rounds 120 s]"] is not results["sia [defaults]"]
+    text = "\n".join(sensitivity_section(runs, variants, ("frenzy", "sia")))
+    assert "| rounds 120 s |" in text and "| restarts x2 |" in text and "frenzy vs sia, paired" in text
