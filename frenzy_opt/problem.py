@@ -48,6 +48,14 @@ class ProblemJob:
     arrival_s: float
     weight: float
     options: tuple[Option, ...]
+    priority: int = 0
+    """Higher first: the HAS serves every queued job of a higher priority class before any of a lower one,
+    and preempts only jobs of a lower or equal class (``scheduling.priority`` of the job spec)."""
+    deadline_s: float | None = None
+    """When the job should end (absolute seconds, same clock as ``arrival_s``); None: no deadline."""
+    restart_s: float = 0.0
+    """What a stop and restart costs the job (checkpoint reload, process-group rebuild): the HAS preempts or
+    resizes a running job only when the gain exceeds it."""
 
     @property
     def fastest_s(self) -> float:

@@ -3,18 +3,39 @@
 At every event (a job arrives, a job completes) :meth:`GreedyState.decide` chooses which queued jobs start
 now, with which plan and on which GPUs:
 
-* jobs are taken in weighted-shortest-processing-time order (Smith 1956: weight / fastest duration, the
-  order that minimises weighted completion time on one machine);
-* for each job every candidate plan is weighed by its estimated completion time: now + duration if the
-  plan's GPUs are free, else the time enough GPUs of that type free up (from the running jobs' end times)
-  + duration, so a job waits for a faster plan only when waiting finishes it sooner;
+* jobs are taken by priority class (``ProblemJob.priority``, higher first), inside a class a job whose
+  deadline is near (less than :data:`URGENT_SLACK` times its fastest run left before it) first, by
+  deadline (earliest-deadline-first, Liu & Layland 1973), then in weighted-shortest-processing-time order
+  (Smith 1956: weight / fastest duration, the order that minimises weighted completion time on one machine);
+* for each job every candidate plan is weighed by its **marginal cost**: the job's own weighted time to
+  completion (now + duration if the plan's GPUs are free, else the time enough GPUs of that type free up —
+  from the running jobs' end times — + duration) plus the delay its GPU-time imposes on the jobs queued
+  behind it. As a fluid (Harchol-Balter 2013, ch. 13), g GPUs held for d seconds delay each job behind by
+  g·d / C (C: the cluster's GPUs), so the term is (weight behind) × g·d / C. With nobody behind a job takes
+  its fastest plan; behind a long queue, the plan that uses the fewest GPU-seconds (the best scaling
+  efficiency) — the trade-off of Pollux's goodput and heSRPT (Berg et al. 2020), priced by the queue. A
+  plan that would end after the job's deadline costs :data:`LATE_PENALTY` times its lateness on top;
 * placement follows the shared rule (:mod:`frenzy_opt.topology`): inside one node by best fit (the node
   with the fewest free GPUs that still fit, keeping large blocks free), else whole free nodes;
 * a job that chooses to wait reserves its GPU type from its estimated start; later jobs may backfill that
   type only if they finish before the reservation (EASY backfilling, Lifka 1995).
 
+Where the executor can stop and resume jobs (the simulator; checkpoints), :meth:`GreedyState.review` then
+revisits running jobs at the same event:
+
+* **preemption** (shortest-remaining-first, Schrage 1968): a queued job that waits for GPUs of a type may
+  stop running jobs there of no higher priority whose remaining time is over :data:`PREEMPT_RATIO` times its
+  own run, longest remaining first, when its weighted wait saved exceeds what the stopped jobs lose (their
+  restart cost plus its run, weighted) — at most ``max_restarts`` stops per job, and never a job that has
+  not yet run past its own restart cost;
+* **elastic growth**: with nobody waiting, a running job moves to a faster plan on idle GPUs (its own
+  included) when the time it saves, restart paid, is over :data:`GROW_GAIN` of its remaining time.
+  Shrinking is the preemption above: the stopped job rejoins the queue and takes, by marginal cost, what
+  is left beside the short job.
+
 Free GPUs are kept per type in buckets by free count (best fit in O(node size)), running jobs in a heap by
-end time: a decision never rescans the whole cluster.
+end time: a decision never rescans the whole cluster (:meth:`GreedyState.review` walks the running jobs of
+the types waiting jobs ask for).
 """
 
 from __future__ import annotations
@@ -22,12 +43,33 @@ from __future__ import annotations
 import bisect
 import heapq
 import time
+from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Protocol
 
 from frenzy_opt.problem import Assignment, Option, ProblemJob, Schedule, SchedulingProblem
 from frenzy_opt.solvers.base import register
 from frenzy_opt.topology import Topology
+
+# A deadline is near when less than this many fastest runs of the job are left before it (a design choice:
+# twice the fastest run leaves room for one wait as long as the job itself).
+URGENT_SLACK = 2.0
+# Weight per second of lateness past a deadline, relative to a second of completion time: a late plan is
+# chosen only when every plan is late (then the least late one).
+LATE_PENALTY = 100.0
+# The arrival rate in the marginal cost is measured over the arrivals of the last hour (a design choice: long
+# enough to count a few arrivals on a busy cluster, short enough to follow the diurnal load of Philly's trace,
+# Jeon et al. 2019 §3).
+ARRIVAL_WINDOW_S = 3600.0
+# Preempt only jobs whose remaining time is over this multiple of the waiting job's run (SRPT with a
+# hysteresis, so two jobs of similar size never swap back and forth).
+PREEMPT_RATIO = 2.0
+# Restarts may take at most this fraction of a job's time since its first start (see GreedyState._movable).
+MAX_OVERHEAD = 0.1
+# Grow a running job only if it saves over this fraction of its remaining time, its restart paid.
+GROW_GAIN = 0.25
 
 
 @dataclass(slots=True)
@@ -38,6 +80,26 @@ class _Running:
     per_node: int
     gpu_type: str = ""
     released: bool = False
+    option: Option | None = None
+    problem: ProblemJob | None = None
+    """The job as it was started (None: a hold, or a run adopted after a restart of the orchestrator)."""
+    start_s: float = 0.0
+    seq: int = 0
+
+    @property
+    def num_gpus(self) -> int:
+        return self.per_node * len(self.nodes)
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """A running job :meth:`GreedyState.review` stopped: it rejoins the queue (the caller enqueues it with
+    its remaining work), with only options shorter than ``max_duration_s`` when it is to grow."""
+
+    job: str
+    reason: str
+    """``preempt`` (for a waiting job) or ``grow`` (into idle GPUs)."""
+    max_duration_s: float = float("inf")
 
 
 class _FreeIndex:
@@ -92,11 +154,16 @@ class _Horizon:
     def _extend(self) -> None:
         end, _, run = self.runs[self.pos]
         self.pos += 1
-        for node in run.nodes:
-            after = self.freed[node] = self.freed.get(node, self.index.free[node]) + run.per_node
-            self.block = max(self.block, after)
-            if after == self.index.size:
-                self.whole += 1
+        size = self.index.size
+        if run.per_node == size:  # it held its nodes whole: they are free once it ends (no per-node walk)
+            self.whole += len(run.nodes)
+            self.block = size
+        else:
+            for node in run.nodes:
+                after = self.freed[node] = self.freed.get(node, self.index.free[node]) + run.per_node
+                self.block = max(self.block, after)
+                if after == size:
+                    self.whole += 1
         self.ends.append(end)
         self.blocks.append(self.block)
         self.wholes.append(self.whole)
@@ -132,13 +199,23 @@ class _Reservation:
     def __init__(self, option: Option, start: float, free: dict[int, int], size: int) -> None:
         self.start, self.end, self.size = start, start + option.duration_s, size
         self.left = free
+        # Nodes per free count (``free`` lists nodes in ascending order, so the first match is the lowest).
+        self.counts = [0] * (size + 1)
+        for left, many in Counter(free.values()).items():
+            self.counts[left] = many
         if option.whole_nodes == 0:
-            node = min((left, n) for n, left in free.items() if left >= option.num_gpus)[1]
-            self.left[node] -= option.num_gpus
+            best = next(v for v in range(option.num_gpus, size + 1) if self.counts[v])  # best fit
+            node = next(n for n, left in free.items() if left == best)
+            self._set(node, best - option.num_gpus)
         else:
-            for n in sorted(n for n, left in free.items() if left == size)[: option.whole_nodes]:
-                self.left[n] = 0
+            for n in list(islice((n for n, left in free.items() if left == size), option.whole_nodes)):
+                self._set(n, 0)
         self._fits: dict[tuple[int, int], bool] = {}
+
+    def _set(self, node: int, left: int) -> None:
+        self.counts[self.left[node]] -= 1
+        self.counts[left] += 1
+        self.left[node] = left
 
     def take(self, nodes: tuple[int, ...], per_node: int) -> bool:
         """Whether a job on ``nodes`` (``per_node`` GPUs each) running past the reserved start leaves the
@@ -146,7 +223,7 @@ class _Reservation:
         if any(self.left[n] < per_node for n in nodes):
             return False
         for n in nodes:
-            self.left[n] -= per_node
+            self._set(n, self.left[n] - per_node)
         self._fits.clear()
         return True
 
@@ -156,9 +233,9 @@ class _Reservation:
         found = self._fits.get(key)
         if found is None:
             if option.whole_nodes == 0:
-                found = any(left >= option.num_gpus for left in self.left.values())
+                found = any(self.counts[v] for v in range(option.num_gpus, self.size + 1))
             else:
-                found = sum(left == self.size for left in self.left.values()) >= option.whole_nodes
+                found = self.counts[self.size] >= option.whole_nodes
             self._fits[key] = found
         return found
 
@@ -181,12 +258,30 @@ class GreedyState:
     running: list[tuple[float, int, _Running]] = field(default_factory=list)
     queue: dict[str, ProblemJob] = field(default_factory=dict)
     by_job: dict[str, _Running] = field(default_factory=dict)
-    _ranks: dict[str, tuple[float, float, str]] = field(default_factory=dict)
+    _ranks: dict[str, tuple[float, float, float, str]] = field(default_factory=dict)
     _ranked_options: dict[str, tuple[Option, ...]] = field(default_factory=dict)
     _sorted: dict[str, tuple[Option, ...]] = field(default_factory=dict)
     waiting: dict[str, tuple[Option | None, float]] = field(default_factory=dict)
     """After :meth:`decide`: per job it reached and left queued, the option it waits for (None: admission
     ruled out every option) and its estimated start."""
+    restarts: dict[str, int] = field(default_factory=dict)
+    """Stops per job :meth:`review` made (bounded by its ``max_restarts``)."""
+    queue_price: float = 1.0
+    patient: bool = True
+    """True: a job may wait for a plan whose GPUs are busy when that ends it sooner (non-preemptive use).
+    False (where :meth:`review` may move jobs): a job that fits now starts now on the best plan that fits
+    and grows later (waiting estimates count only the running jobs, not the shorter jobs still to come)."""
+    """Scale of the queue's price of GPU-seconds in the marginal cost (module docstring); 0: every job takes
+    its fastest plan, as the HAS did before."""
+    _deadlines: set[str] = field(default_factory=set)
+    _ends: dict[str, list[tuple[float, int, _Running]]] = field(default_factory=dict)
+    """Per GPU type its running jobs (and holds) in end order."""
+    _work: dict[str, list[float]] = field(default_factory=dict)
+    """Per GPU type, over its running jobs: the sum of GPUs x end and the sum of GPUs."""
+    _arrival_weight: float = 0.0
+    _arrived: set[str] = field(default_factory=set)
+    _first_start: dict[str, float] = field(default_factory=dict)
+    _arrivals: deque[tuple[float, float]] = field(default_factory=deque)
     _seq: int = 0
 
     def __post_init__(self) -> None:
@@ -200,11 +295,27 @@ class GreedyState:
     def _push(self, run: _Running) -> tuple[float, int, _Running]:
         self._seq += 1
         run.gpu_type = self.problem.topology.nodes[run.nodes[0]].gpu.name
+        run.seq = self._seq
         entry = (run.end_s, self._seq, run)
         heapq.heappush(self.running, entry)
         if run.job:
             self.by_job[run.job] = run
+        bisect.insort(self._ends.setdefault(run.gpu_type, []), entry)
+        sums = self._work.setdefault(run.gpu_type, [0.0, 0.0])
+        sums[0] += run.num_gpus * run.end_s
+        sums[1] += run.num_gpus
         return entry
+
+    def _drop(self, run: _Running) -> None:
+        """Take a run that ended or was replaced out of its type's end order and work sums."""
+        run.released = True
+        ends = self._ends[run.gpu_type]
+        i = bisect.bisect_left(ends, (run.end_s, run.seq))
+        assert ends[i][2] is run
+        del ends[i]
+        sums = self._work[run.gpu_type]
+        sums[0] -= run.num_gpus * run.end_s
+        sums[1] -= run.num_gpus
 
     def hold(self, key: str, node: int, num_gpus: int, until_s: float) -> None:
         """Take ``num_gpus`` of ``node`` until about ``until_s`` (a node down for repair), under ``key``."""
@@ -224,7 +335,7 @@ class GreedyState:
         """Give back what job (or hold) ``key`` holds, whenever it really ended (the simulator's and the
         orchestrator's way; :meth:`complete_until` is the replay's)."""
         run = self.by_job.pop(key)
-        run.released = True
+        self._drop(run)
         gpu_type = self.problem.topology.nodes[run.nodes[0]].gpu.name
         for node in run.nodes:
             self.free[gpu_type].change(node, run.per_node)
@@ -238,6 +349,7 @@ class GreedyState:
             _, _, run = heapq.heappop(self.running)
             if run.released:
                 continue
+            self._drop(run)
             self.by_job.pop(run.job, None)
             gpu_type = self.problem.topology.nodes[run.nodes[0]].gpu.name
             for node in run.nodes:
@@ -245,32 +357,43 @@ class GreedyState:
             done.append(run)
         return done
 
-    def _horizon(
-        self,
-        gpu_type: str,
-        horizons: dict[str, _Horizon],
-        ends: dict[str, list[tuple[float, int, _Running]]],
-    ) -> _Horizon:
-        """The type's :class:`_Horizon` for this decision; its running jobs are sorted by end once per
-        decision (jobs started during the decision are inserted) and the horizon is rebuilt after a start."""
+    def _horizon(self, gpu_type: str, horizons: dict[str, _Horizon]) -> _Horizon:
+        """The type's :class:`_Horizon` for this decision, over its running jobs in end order (kept sorted
+        as jobs start and end); rebuilt after a start on the type."""
         horizon = horizons.get(gpu_type)
         if horizon is None:
-            runs = ends.get(gpu_type)
-            if runs is None:
-                runs = ends[gpu_type] = sorted(
-                    e for e in self.running if not e[2].released and e[2].gpu_type == gpu_type
-                )
-            horizon = horizons[gpu_type] = _Horizon(self.free[gpu_type], runs)
+            horizon = horizons[gpu_type] = _Horizon(self.free[gpu_type], self._ends.setdefault(gpu_type, []))
         return horizon
 
-    def _rank(self, job: ProblemJob) -> tuple[float, float, str]:
-        """WSPT order (weight / fastest duration, larger first), then arrival, then id; cached per job."""
+    def _rank(self, job: ProblemJob) -> tuple[float, float, float, str]:
+        """Priority class, then WSPT order (weight / fastest duration, larger first), then arrival, then id;
+        cached per job."""
         key = self._ranks.get(job.id)
         if key is None or self._ranked_options.get(job.id) is not job.options:
-            key = self._ranks[job.id] = (-job.weight / job.fastest_s, job.arrival_s, job.id)
+            key = self._ranks[job.id] = (-job.priority, -job.weight / job.fastest_s, job.arrival_s, job.id)
             self._ranked_options[job.id] = job.options
             self._sorted[job.id] = tuple(sorted(job.options, key=lambda o: o.duration_s))
+            if job.deadline_s is not None:
+                self._deadlines.add(job.id)
+            if job.id not in self._arrived:
+                self._arrived.add(job.id)
+                self._arrivals.append((job.arrival_s, job.weight))
+                self._arrival_weight += job.weight
         return key
+
+    def _order(self, now: float) -> list[ProblemJob]:
+        """The queue in decision order (module docstring): rank, with near-deadline jobs moved to the front of
+        their priority class."""
+        order = sorted(self.queue.values(), key=self._rank)
+        if not self._deadlines:
+            return order
+
+        def urgent(job: ProblemJob) -> tuple[int, int, float]:
+            deadline = job.deadline_s
+            near = deadline is not None and deadline - now < URGENT_SLACK * job.fastest_s
+            return (-job.priority, 0 if near else 1, deadline if near and deadline is not None else 0.0)
+
+        return sorted(order, key=urgent)  # stable: WSPT order inside each group
 
     def _by_duration(self, job: ProblemJob) -> tuple[Option, ...]:
         """The job's options, shortest first (sorted when it was ranked)."""
@@ -281,11 +404,13 @@ class GreedyState:
         decision."""
         work = ahead.get(gpu_type)
         if work is None:
-            work = ahead[gpu_type] = sum(
-                max(run.end_s - now, 0.0) * run.per_node * len(run.nodes)
-                for _, _, run in self.running
-                if not run.released and run.gpu_type == gpu_type
-            )
+            total, gpus = self._work.get(gpu_type, (0.0, 0.0))
+            work = total - now * gpus
+            for end, _, run in self._ends.get(gpu_type, ()):  # runs past their estimated end count 0
+                if end >= now:
+                    break
+                work += (now - end) * run.num_gpus
+            work = ahead[gpu_type] = max(work, 0.0)
         return work
 
     def decide(self, now: float, admit: Admission | None = None) -> list[Assignment]:
@@ -296,65 +421,79 @@ class GreedyState:
         started: list[Assignment] = []
         reserved: dict[str, _Reservation] = {}
         horizons: dict[str, _Horizon] = {}
-        ends: dict[str, list[tuple[float, int, _Running]]] = {}
         # Where each placement shape fits now; like ``horizons``, dropped for a type when a job starts on it.
         fits: dict[tuple[str, int, int], tuple[int, ...] | None] = {}
         free_total = sum(index.count for index in self.free.values())
         # GPU-seconds ahead of a waiting job on each type: what runs there now, and what earlier jobs of this
         # decision chose to wait for (the queue ahead, as a fluid: Harchol-Balter 2013, ch. 13).
         ahead: dict[str, float] = {}
-        order = sorted(self.queue.values(), key=self._rank)
+        order = self._order(now)
+        # The weight queued behind the job being decided (module docstring: the price of its GPU-seconds).
+        behind = sum(job.weight for job in order)
+        gpus = max(sum(self.capacity.values()), 1)
+        rate = self.arrival_weight_rate(now)
         for job in order:
+            behind -= job.weight
             if free_total == 0:
                 break  # nothing can start; the remaining jobs' reservations would block nothing
-            best: tuple[float, Option, tuple[int, ...] | None, int] | None = None
-            for option in self._by_duration(job):
-                if best is not None and best[0] <= now + option.duration_s:
-                    break  # this option and every longer one end no sooner than the best so far
-                if admit is not None and not admit.allows(job.id, option):
-                    continue
-                gpu_type = option.gpu_type
-                shape = (gpu_type, option.num_gpus, option.whole_nodes)
-                if shape in fits:
-                    nodes = fits[shape]
-                else:
-                    nodes = fits[shape] = self.free[gpu_type].fit(option)
-                reservation = reserved.get(gpu_type)
-                if nodes is not None and (
-                    reservation is None
-                    or now + option.duration_s <= reservation.start
-                    or all(reservation.left[n] >= option.gpus_per_node for n in nodes)
-                ):
-                    candidate: tuple[float, Option, tuple[int, ...] | None, int]
-                    candidate = (now + option.duration_s, option, nodes, -1)
-                else:
-                    floor = now + self._ahead(gpu_type, now, ahead) / self.capacity[gpu_type]
-                    if best is not None and best[0] <= floor + option.duration_s:
-                        continue  # even the queue ahead alone makes it end no sooner than the best
-                    horizon = self._horizon(gpu_type, horizons, ends)
-                    i = horizon.earliest(option)
-                    start = float("inf") if i < 0 else max(horizon.ends[i], now)
-                    if (
-                        reservation is not None
-                        and start >= reservation.start
-                        and not reservation.fits_alongside(option)
+            weight, deadline = job.weight, job.deadline_s
+            # (cost, end, option, nodes if it starts now, index of the end it waits for)
+            best: tuple[float, float, Option, tuple[int, ...] | None, int] | None = None
+            for now_only in (True, False) if not self.patient else (False,):
+                for option in self._by_duration(job):
+                    if best is not None and best[0] <= weight * option.duration_s:
+                        break  # this option and every longer one cost no less than the best so far
+                    if admit is not None and not admit.allows(job.id, option):
+                        continue
+                    gpu_type = option.gpu_type
+                    shape = (gpu_type, option.num_gpus, option.whole_nodes)
+                    if shape in fits:
+                        nodes = fits[shape]
+                    else:
+                        nodes = fits[shape] = self.free[gpu_type].fit(option)
+                    reservation = reserved.get(gpu_type)
+                    used = self._used(behind, rate, option, gpus)
+                    if nodes is not None and (
+                        reservation is None
+                        or now + option.duration_s <= reservation.start
+                        or all(reservation.left[n] >= option.gpus_per_node for n in nodes)
                     ):
-                        start = max(start, reservation.end)  # it queues behind the reserved job
-                    start = max(start, floor)
-                    candidate = (start + option.duration_s, option, None, i)
-                if best is None or candidate[0] < best[0]:
-                    best = candidate
+                        end, index = now + option.duration_s, -1
+                    elif now_only:
+                        continue
+                    else:
+                        floor = now + self._ahead(gpu_type, now, ahead) / self.capacity[gpu_type]
+                        if best is not None and best[0] <= weight * (floor + option.duration_s - now) + used:
+                            continue  # even the queue ahead alone makes it cost no less than the best
+                        horizon = self._horizon(gpu_type, horizons)
+                        index = horizon.earliest(option)
+                        start = float("inf") if index < 0 else max(horizon.ends[index], now)
+                        if (
+                            reservation is not None
+                            and start >= reservation.start
+                            and not reservation.fits_alongside(option)
+                        ):
+                            start = max(start, reservation.end)  # it queues behind the reserved job
+                        start = max(start, floor)
+                        end, nodes = start + option.duration_s, None
+                    cost = weight * (end - now) + used
+                    if deadline is not None and end > deadline:
+                        cost += LATE_PENALTY * weight * (end - deadline)
+                    if best is None or cost < best[0]:
+                        best = (cost, end, option, nodes, index)
+                if best is not None:
+                    break  # impatient: something fits now, take the best of that
             if best is None:  # admission ruled out every option
                 self.waiting[job.id] = (None, float("inf"))
                 continue
-            end, option, nodes, index = best
+            _, end, option, nodes, index = best
             gpu_type = option.gpu_type
             if nodes is None:
                 self.waiting[job.id] = (option, end - option.duration_s)
                 if end != float("inf"):
                     ahead[gpu_type] = self._ahead(gpu_type, now, ahead) + option.num_gpus * option.duration_s
                 if index >= 0 and gpu_type not in reserved:
-                    horizon = self._horizon(gpu_type, horizons, ends)
+                    horizon = self._horizon(gpu_type, horizons)
                     reserved[gpu_type] = _Reservation(
                         option, end - option.duration_s, horizon.free_after(index), self.free[gpu_type].size
                     )
@@ -372,16 +511,198 @@ class GreedyState:
             horizons.pop(gpu_type, None)
             for key in [k for k in fits if k[0] == gpu_type]:
                 del fits[key]
-            entry = self._push(_Running(end_s=end, job=job.id, nodes=nodes, per_node=per_node))
-            if gpu_type in ends:
-                bisect.insort(ends[gpu_type], entry)
+            run = _Running(
+                end_s=end, job=job.id, nodes=nodes, per_node=per_node, option=option, problem=job, start_s=now
+            )
+            self._first_start.setdefault(job.id, now)
+            self._push(run)
             del self.queue[job.id]
             for cache in (self._ranks, self._ranked_options, self._sorted):
                 del cache[job.id]
+            self._deadlines.discard(job.id)
             if admit is not None:
                 admit.take(job.id, option)
             started.append(Assignment(job=job.id, option=option, nodes=nodes, start_s=now, end_s=end))
         return started
+
+    def _used(self, behind: float, rate: float, option: Option, gpus: int) -> float:
+        """The marginal-cost term of ``option``'s GPU-seconds (module docstring): the weight queued behind
+        plus the weight expected to arrive while it runs (``rate`` x duration, each arrival delayed on
+        average half as long), times g·d / C."""
+        duration = option.duration_s
+        return self.queue_price * (behind + 0.5 * rate * duration) * option.num_gpus * duration / gpus
+
+    def arrival_weight_rate(self, now: float) -> float:
+        """Weight arriving per second, over the last :data:`ARRIVAL_WINDOW_S` of arrivals seen."""
+        arrivals = self._arrivals
+        while arrivals and arrivals[0][0] < now - ARRIVAL_WINDOW_S:
+            self._arrival_weight -= arrivals.popleft()[1]
+        if not arrivals:
+            self._arrival_weight = 0.0
+            return 0.0
+        span = max(now - arrivals[0][0], ARRIVAL_WINDOW_S / 4)
+        return self._arrival_weight / span
+
+    def update_end(self, key: str, end_s: float) -> None:
+        """A running job's estimated end changed (its speed was measured, or it ran past the estimate)."""
+        run = self.by_job.get(key)
+        if run is None or run.released or run.end_s == end_s:
+            return
+        self._drop(run)  # the old heap entry is skipped from now on
+        fresh = _Running(
+            end_s=end_s,
+            job=run.job,
+            nodes=run.nodes,
+            per_node=run.per_node,
+            option=run.option,
+            problem=run.problem,
+            start_s=run.start_s,
+        )
+        self._push(fresh)
+        while self.running and self.running[0][2].released:
+            heapq.heappop(self.running)
+
+    def _movable(self, run: _Running, now: float, max_restarts: int) -> bool:
+        """Whether review may stop ``run``: a job (not a hold) past its own restart cost, under both bounds:
+        at most ``max_restarts`` stops, and restarts so far plus this one at most :data:`MAX_OVERHEAD` of
+        the time since it first started (the budget of Pollux's re-allocation penalty, Qiao et al. 2021
+        §4.2, that Sia keeps)."""
+        problem = run.problem
+        if problem is None or run.released:
+            return False
+        done = self.restarts.get(run.job, 0)
+        age = now - self._first_start.get(run.job, run.start_s)
+        return (
+            done < max_restarts
+            and now - run.start_s >= max(problem.restart_s, 1.0)
+            and (done + 1) * problem.restart_s <= MAX_OVERHEAD * age
+        )
+
+    def review(
+        self,
+        now: float,
+        *,
+        max_restarts: int,
+        options_now: Callable[[str], tuple[Option, ...]] | None = None,
+        max_waiting: int = 16,
+    ) -> list[Move]:
+        """Preempt and grow running jobs (module docstring), after :meth:`decide` at the same time. Stopped
+        jobs' GPUs are released here; the caller stops them and enqueues them again with their remaining
+        work (and calls :meth:`decide` once more). ``options_now(job)``: a running job's options if it
+        restarted now (durations with the restart cost); without it, no job grows."""
+        moves: list[Move] = []
+        if self.queue:
+            order = self._order(now)[:max_waiting]
+            behind = sum(job.weight for job in self.queue.values())
+            gpus = max(sum(self.capacity.values()), 1)
+            rate = self.arrival_weight_rate(now)
+            for job in order:
+                behind -= job.weight
+                ranked = sorted(
+                    job.options, key=lambda o: job.weight * o.duration_s + self._used(behind, rate, o, gpus)
+                )
+                for option in ranked:
+                    found = self._preempt_for(job, option, now, max_restarts)
+                    if found is not None:
+                        moves += found
+                        break
+        if (self.queue and self.patient) or options_now is None:
+            return moves
+        free_total = sum(index.count for index in self.free.values())
+        if free_total == 0:
+            return moves
+        held: list[tuple[str, int, int]] = []  # idle GPUs promised to earlier growths of this review
+        for run in sorted(self.by_job.values(), key=lambda r: -(r.end_s - now)):
+            if not self._movable(run, now, max_restarts):
+                continue
+            target = self._growth(run, options_now(run.job), run.end_s - now)
+            if target is None:
+                continue
+            limit, option, nodes = target
+            self.release(run.job)
+            for node in nodes:
+                self.free[option.gpu_type].change(node, -option.gpus_per_node)
+                held.append((option.gpu_type, node, option.gpus_per_node))
+            self.restarts[run.job] = self.restarts.get(run.job, 0) + 1
+            moves.append(Move(job=run.job, reason="grow", max_duration_s=limit))
+        for gpu_type, node, count in held:
+            self.free[gpu_type].change(node, count)
+        return moves
+
+    def _growth(
+        self, run: _Running, options: tuple[Option, ...], left: float
+    ) -> tuple[float, Option, tuple[int, ...]] | None:
+        """Where a grown ``run`` goes: the fastest option that fits on idle GPUs (its own counted free) and
+        saves over :data:`GROW_GAIN` of ``left``, with the duration bound its options are then cut to and
+        the nodes it fits on now; None if no option does."""
+        limit = left * (1.0 - GROW_GAIN)
+        best: tuple[float, Option, tuple[int, ...]] | None = None
+        for option in sorted(options, key=lambda o: o.duration_s):
+            if option.duration_s >= limit:
+                break
+            index = self.free[option.gpu_type]
+            own = run.gpu_type == option.gpu_type
+            if own:
+                for node in run.nodes:
+                    index.change(node, run.per_node)
+            nodes = index.fit(option)
+            if own:
+                for node in run.nodes:
+                    index.change(node, -run.per_node)
+            if nodes is not None:
+                best = (limit, option, nodes)
+                break
+        return best
+
+    def _preempt_for(self, job: ProblemJob, option: Option, now: float, max_restarts: int) -> list[Move] | None:
+        """Stop running jobs so that ``job`` can start ``option`` now, if it is worth it (module docstring);
+        None if it is not (or the option fits without)."""
+        gpu_type = option.gpu_type
+        if self.free[gpu_type].fit(option) is not None:
+            return None
+        candidates = [
+            run
+            for run in self.by_job.values()
+            if run.gpu_type == gpu_type
+            and run.problem is not None
+            and run.problem.priority <= job.priority
+            and run.end_s - now > PREEMPT_RATIO * option.duration_s
+            and self._movable(run, now, max_restarts)
+        ]
+        if not candidates:
+            return None
+        candidates.sort(key=lambda r: (r.problem.priority if r.problem else 0, -(r.end_s - now), r.job))
+        index = self.free[gpu_type]
+        free = dict(index.free)
+        size = index.size
+        chosen: list[_Running] = []
+        loss = 0.0
+        for run in candidates:
+            chosen.append(run)
+            for node in run.nodes:
+                free[node] += run.per_node
+            assert run.problem is not None
+            loss += run.problem.weight * (run.problem.restart_s + option.duration_s)
+            if option.whole_nodes == 0:
+                fits = any(left >= option.num_gpus for left in free.values())
+            else:
+                fits = sum(left == size for left in free.values()) >= option.whole_nodes
+            if fits:
+                break
+        else:
+            return None
+        # Its wait without preemption: until the running jobs of the type free enough GPUs (a lower bound).
+        runs = self._ends.setdefault(gpu_type, [])
+        index_end = _Horizon(index, runs).earliest(option)
+        start = runs[index_end][0] if index_end >= 0 else float("inf")
+        if job.weight * (start - now) <= loss:
+            return None
+        moves = []
+        for run in chosen:
+            self.release(run.job)
+            self.restarts[run.job] = self.restarts.get(run.job, 0) + 1
+            moves.append(Move(job=run.job, reason="preempt"))
+        return moves
 
 
 @register("greedy")

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from frenzy_opt.problem import Option, ProblemJob, SchedulingProblem, thin_fronts
-from frenzy_opt.simulator import Action, SimJob, SimulationError, Simulator, Start
+from frenzy_opt.simulator import Action, SimJob, SimulationError, Simulator, Start, Stop
 from frenzy_opt.solvers.cpsat import CpSatSolver
 from frenzy_opt.solvers.greedy import GreedyState
 
@@ -95,60 +95,136 @@ class _Base:
 
 @register_policy("frenzy")
 class FrenzyPolicy(_Base):
-    """MARP plans + greedy HAS (module docstring). ``max_options_per_type`` thins each job's Pareto front
-    as ``frenzy solve`` does."""
+    """MARP plans + the greedy HAS (module docstring), preemptive and elastic unless ``preempt`` is off.
+
+    What it knows of a job's speed on (GPU type, count): what it has measured of that job there (the
+    simulator's :meth:`~frenzy_opt.simulator.Simulator.observed_step_s`, as Sia and Gavel measure), else the
+    prediction corrected by what it measured of other jobs of the same model — the ratio measured /
+    predicted on that type at that count, or at the largest smaller count it has measured (scaling
+    efficiency does not rise with the count: Amdahl 1967) — the simulated counterpart of the service's
+    closed-loop calibration (:mod:`frenzy_opt.closedloop`). A running job's estimated end follows its
+    measured speed and progress. ``max_options_per_type`` thins each job's per-type Pareto front."""
 
     name = "frenzy"
     oracle = False
     """True: plan with the simulator's true step times instead of the predictions (``frenzy-oracle``)."""
 
-    def __init__(self, max_options_per_type: int = 4) -> None:
+    def __init__(
+        self,
+        max_options_per_type: int = 6,
+        preempt: bool = True,
+        max_restarts: int = 20,
+        queue_price: float = 1.0,
+        patient: bool | None = None,
+    ) -> None:
         super().__init__()
+        if max_options_per_type < 2:
+            raise ValueError(f"max_options_per_type must be >= 2, got {max_options_per_type}")
+        if max_restarts < 0:
+            raise ValueError(f"max_restarts must be >= 0, got {max_restarts}")
         self.max_options_per_type = max_options_per_type
+        self.preempt = preempt
+        self.max_restarts = max_restarts
+        self.queue_price = queue_price
+        self.patient = not preempt if patient is None else patient
         self.state: GreedyState | None = None
-        self._options: dict[str, tuple[tuple[Option, ...], tuple[Option, ...]]] = {}
-        self._thinned: dict[int, tuple[Option, ...]] = {}
+        self._options: dict[str, dict[int, Option]] = {}
+        """Per queued job: the scaled option's id -> the job's one-step option."""
+        self._ratios: dict[tuple[str, str], dict[int, float]] = {}
+        """Per (model, GPU type): measured / predicted step time per GPU count."""
+        self._stopping: set[str] = set()
+        self._estimated: dict[str, float] = {}
 
     def attach(self, sim: Simulator) -> None:
         super().attach(sim)
-        self.state = GreedyState(SchedulingProblem(topology=sim.topology, jobs=()))
-
-    def _thin(self, options: tuple[Option, ...]) -> tuple[Option, ...]:
-        """At most ``max_options_per_type`` per type, spread over the front; once per shared option set."""
-        chosen = self._thinned.get(id(options))
-        if chosen is None:
-            per_type: dict[str, list[Option]] = {}
-            for option in options:
-                per_type.setdefault(option.gpu_type, []).append(option)
-            chosen = self._thinned[id(options)] = thin_fronts(per_type.values(), self.max_options_per_type)
-        return chosen
-
-    def _enqueue(self, job: SimJob, remaining: float) -> None:
-        assert self.state is not None
-        chosen = self._thin(job.options)
-        assert self.sim is not None
-        restart = job.restart_s if remaining < job.steps else 0.0
-        truth = self.sim.truth
-        scaled = tuple(
-            Option(
-                gpu_type=o.gpu_type,
-                num_gpus=o.num_gpus,
-                whole_nodes=o.whole_nodes,
-                duration_s=float(
-                    math.ceil(restart + (truth.step_s(job, o) if self.oracle else job.step_s(o)) * remaining)
-                ),
-                plan=o.plan,
-            )
-            for o in chosen
+        self.state = GreedyState(
+            SchedulingProblem(topology=sim.topology, jobs=()), queue_price=self.queue_price, patient=self.patient
         )
-        self._options[job.id] = (chosen, scaled)
-        self.state.queue[job.id] = ProblemJob(id=job.id, arrival_s=job.arrival_s, weight=job.weight, options=scaled)
+
+    def _step_s(self, job: SimJob, option: Option) -> float:
+        """Seconds per step as the policy knows them (class docstring)."""
+        assert self.sim is not None
+        if self.oracle:
+            return self.sim.truth.step_s(job, option)
+        seen = self.sim.observed_step_s(job.id, option.gpu_type, option.num_gpus)
+        if seen is not None:
+            return seen
+        return job.step_s(option) * self._correction(job.model, option.gpu_type, option.num_gpus)
+
+    def _correction(self, model: str, gpu_type: str, num_gpus: int) -> float:
+        """Measured / predicted step time expected for ``model`` on ``num_gpus`` x ``gpu_type``: the ratio
+        measured there, else the one at the largest smaller count measured on the type, else 1."""
+        ratios = self._ratios.get((model, gpu_type))
+        if not ratios:
+            return 1.0
+        if num_gpus in ratios:
+            return ratios[num_gpus]
+        below = [n for n in ratios if n < num_gpus]
+        return ratios[max(below)] if below else 1.0
+
+    def _learn(self, job: SimJob, gpu_type: str, num_gpus: int) -> float | None:
+        """Record the measured speed of ``job`` on (type, count), if any; returns it."""
+        assert self.sim is not None
+        seen = self.sim.observed_step_s(job.id, gpu_type, num_gpus)
+        option = job.per_count.get((gpu_type, num_gpus))
+        if seen is not None and option is not None and job.step_s(option) > 0:
+            ratios = self._ratios.setdefault((job.model, gpu_type), {})
+            ratio = seen / job.step_s(option)
+            ratios[num_gpus] = ratio
+        return seen
+
+    def _scaled(self, job: SimJob, remaining: float, max_duration_s: float = math.inf) -> dict[int, Option]:
+        """The job's options for ``remaining`` steps (restart included), Pareto per type, thinned."""
+        assert self.sim is not None
+        state = self.sim.jobs[job.id]
+        restart = job.restart_s if state.starts else job.startup_s
+        per_type: dict[str, list[tuple[Option, Option]]] = {}
+        for original in job.per_count.values():
+            duration = float(math.ceil(restart + self._step_s(job, original) * remaining))
+            per_type.setdefault(original.gpu_type, []).append((replace(original, duration_s=duration), original))
+        fronts: list[list[Option]] = []
+        originals: dict[int, Option] = {}
+        for pairs in per_type.values():
+            pairs.sort(key=lambda p: (p[1].num_gpus, p[0].duration_s))
+            front: list[Option] = []
+            for scaled, original in pairs:
+                if not front or scaled.duration_s < front[-1].duration_s:
+                    front.append(scaled)
+                    originals[id(scaled)] = original
+            fronts.append(front)
+        chosen = thin_fronts(fronts, self.max_options_per_type)
+        if max_duration_s < math.inf:
+            shorter = tuple(o for o in chosen if o.duration_s < max_duration_s)
+            chosen = shorter or chosen
+        return {id(o): originals[id(o)] for o in chosen} | {-1 - i: o for i, o in enumerate(chosen)}
+
+    def _enqueue(self, job: SimJob, remaining: float, max_duration_s: float = math.inf) -> None:
+        assert self.state is not None
+        mapping = self._scaled(job, remaining, max_duration_s)
+        scaled = tuple(o for k, o in sorted(mapping.items()) if k < 0)
+        self._options[job.id] = {k: o for k, o in mapping.items() if k >= 0}
+        self.state.queue[job.id] = ProblemJob(
+            id=job.id, arrival_s=job.arrival_s, weight=job.weight, options=scaled, restart_s=job.restart_s
+        )
+
+    def _remaining_now(self, job_id: str, now: float) -> float:
+        """Steps left of a running job at ``now`` (what a scheduler reads from the job's progress)."""
+        assert self.sim is not None
+        state = self.sim.jobs[job_id]
+        ran = max(now - state.progress_from_s, 0.0)
+        return max(state.remaining - ran / state.step_s, 0.0) if state.step_s > 0 else state.remaining
 
     def on_arrival(self, job: SimJob, now: float) -> None:
         self._enqueue(job, float(job.steps))
 
     def on_end(self, job: SimJob, now: float, finished: bool) -> None:
         assert self.state is not None and self.sim is not None
+        last = self.sim.jobs[job.id].segments[-1]
+        self._learn(job, last.gpu_type, last.num_gpus)
+        self._estimated.pop(job.id, None)
+        if job.id in self._stopping:  # a move of this policy's: released and enqueued already
+            self._stopping.discard(job.id)
+            return
         self.state.release(job.id)
         if not finished:
             self._enqueue(job, self.sim.jobs[job.id].remaining)
@@ -161,13 +237,53 @@ class FrenzyPolicy(_Base):
         else:
             self.state.hold(key, node, self.sim.free[node], until_s)
 
+    def _refresh(self, now: float) -> None:
+        """Running jobs' estimated ends from their measured speed and progress (class docstring)."""
+        assert self.state is not None and self.sim is not None
+        for job_id, state in self.sim.running.items():
+            option = state.option
+            if option is None or job_id not in self.state.by_job:
+                continue
+            seen = self._learn(state.job, option.gpu_type, option.num_gpus)
+            if seen is None:
+                continue
+            end = max(state.progress_from_s, now) + self._remaining_now(job_id, now) * seen
+            if self._estimated.get(job_id) != end:
+                self._estimated[job_id] = end
+                self.state.update_end(job_id, end)
+
+    def _options_now(self, job_id: str) -> tuple[Option, ...]:
+        assert self.sim is not None
+        job = self.sim.jobs[job_id].job
+        mapping = self._scaled(job, self._remaining_now(job_id, self.sim.now))
+        return tuple(o for k, o in sorted(mapping.items()) if k < 0)
+
     def decide(self, now: float) -> list[Action]:
-        assert self.state is not None
-        actions: list[Action] = []
-        for a in self.state.decide(now):
-            originals, scaled = self._options.pop(a.job)
-            index = next(i for i, o in enumerate(scaled) if o is a.option)
-            actions.append(Start(job=a.job, option=originals[index], nodes=a.nodes))
+        assert self.state is not None and self.sim is not None
+        if not self.oracle:
+            self._refresh(now)
+        assignments = self.state.decide(now)
+        stops: list[Action] = []
+        if self.preempt:
+            moves = self.state.review(now, max_restarts=self.max_restarts, options_now=self._options_now)
+            for move in moves:
+                if any(a.job == move.job for a in assignments):
+                    continue
+                remaining = self._remaining_now(move.job, now)
+                self._stopping.add(move.job)
+                self._estimated.pop(move.job, None)
+                stops.append(Stop(job=move.job))
+                self._enqueue(self.sim.jobs[move.job].job, remaining, move.max_duration_s)
+            if moves:
+                assignments += self.state.decide(now)
+        actions: list[Action] = list(stops)
+        for a in assignments:
+            originals = self._options.pop(a.job)
+            actions.append(Start(job=a.job, option=originals[id(a.option)], nodes=a.nodes))
+            if self.preempt:
+                job = self.sim.jobs[a.job]
+                restart = job.job.restart_s if job.starts else job.job.startup_s
+                self.sim.wake_at(now + restart + 1.0)  # measure its speed once it progresses
         return actions
 
 
