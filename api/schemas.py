@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from frenzy_opt.spec import ATTENTIONS, OPTIMIZERS, PRECISIONS, RECOMPUTES, RUNTIMES
+from frenzy_opt.spec import ATTENTIONS, OPTIMIZERS, PRECISIONS, PRIORITY_RANGE, RECOMPUTES, RUNTIMES
 
 Precision = Literal[PRECISIONS]  # type: ignore[valid-type]
 Optimizer = Literal[OPTIMIZERS]  # type: ignore[valid-type]
@@ -62,6 +62,7 @@ class TrainingIn(_Strict):
     optimizer: Optimizer = "adamw"
     memory_headroom: float | None = Field(default=None, ge=0.0, le=0.9)
     runtime: Runtime = "megatron"
+    tp_comm_overlap: bool = False
 
 
 class ParallelIn(_Strict):
@@ -79,6 +80,14 @@ class ParallelIn(_Strict):
     attention: Attention | None = None
 
 
+class SchedulingIn(_Strict):
+    """How the scheduler treats the job (contract 1's ``scheduling``; :class:`frenzy_opt.spec.SchedulingConfig`)."""
+
+    priority: int = Field(default=0, ge=PRIORITY_RANGE[0], le=PRIORITY_RANGE[1], description="priority class")
+    max_gpus: int | None = Field(default=None, ge=1, le=1_048_576, description="at most this many GPUs")
+    deadline_s: float | None = Field(default=None, gt=0, lt=1e9, description="finish within this many seconds")
+
+
 class JobIn(_Strict):
     """A training job (contract 1). No hardware: the scheduler chooses it."""
 
@@ -86,6 +95,7 @@ class JobIn(_Strict):
     model: str | ArchitectureIn = Field(description="a catalogue name (see `frenzy catalog models`) or an architecture")
     training: TrainingIn = Field(default_factory=TrainingIn)
     parallel: ParallelIn | None = None
+    scheduling: SchedulingIn | None = None
     weight: float = Field(default=1.0, gt=0, le=1000, description="priority weight in the scheduler's objective")
     max_retries: int = Field(default=2, ge=0, le=10, description="attempts after the first one on failure")
 
@@ -101,6 +111,8 @@ class JobIn(_Strict):
             pinned = self.parallel.model_dump(exclude_none=True)
             if pinned:
                 data["parallel"] = pinned
+        if self.scheduling is not None:
+            data["scheduling"] = self.scheduling.model_dump(exclude_none=True)
         return data
 
 

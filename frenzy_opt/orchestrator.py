@@ -33,7 +33,7 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from frenzy_opt.calibrations import CalibrationStore
@@ -41,7 +41,15 @@ from frenzy_opt.closedloop import Sample, recalibrate, sample_of
 from frenzy_opt.cluster import ClusterSpec
 from frenzy_opt.executors import Executor, ExitInfo, Launch
 from frenzy_opt.plans import DEFAULT_STEP_MODEL
-from frenzy_opt.problem import Option, OptionCache, ProblemJob, SchedulingProblem
+from frenzy_opt.problem import (
+    Option,
+    OptionCache,
+    ProblemJob,
+    SchedulingProblem,
+    no_option_message,
+    problem_job,
+)
+from frenzy_opt.simulator import restart_cost_s
 from frenzy_opt.solvers.greedy import GreedyState
 from frenzy_opt.spec import JobSpec, parse_job
 from frenzy_opt.store import JobRecord, Store
@@ -101,6 +109,16 @@ class Run:
     nodes: tuple[int, ...]
     start_s: float
     end_s: float
+    restart_s: float = 0.0
+    """The part of the attempt that reloads a checkpoint before progressing (0 for a first attempt)."""
+
+    def done_fraction(self, now: float) -> float:
+        """How much of the attempt's work is done at ``now`` (by the predicted time: what the scheduler
+        knows when the executor reports no steps)."""
+        work = self.end_s - self.start_s - self.restart_s
+        if work <= 0:
+            return 1.0
+        return min(max((now - self.start_s - self.restart_s) / work, 0.0), 1.0)
 
 
 @dataclass(slots=True)
@@ -128,6 +146,8 @@ class Orchestrator:
         cache: OptionCache | None = None,
         calibration: str | None = None,
         calibrations: CalibrationStore | None = None,
+        preempt: bool | None = None,
+        max_restarts: int = 20,
     ) -> None:
         self.store, self.cluster, self.executor = store, cluster, executor
         self.time_scale = time_scale
@@ -156,12 +176,20 @@ class Orchestrator:
         self.samples: list[Sample] = []
         self.calibration_report: dict[str, dict[str, Any]] = store.calibration()
         self.progress: dict[str, dict[str, Any]] = {}
-        self.state = GreedyState(SchedulingProblem(topology=self.topology, jobs=()))
+        self.preempt = bool(getattr(executor, "preemptible", False)) if preempt is None else preempt
+        """Whether the HAS may stop running jobs for shorter ones (:meth:`GreedyState.review`): only with an
+        executor whose stopped attempts resume where they stopped."""
+        self.max_restarts = max_restarts
+        self.state = GreedyState(SchedulingProblem(topology=self.topology, jobs=()), patient=not self.preempt)
+        self.steps_left: dict[str, int] = {}
+        """Training steps still to run per job (less than the spec's after a preemption)."""
         self.tenant_of: dict[str, str] = {}
         self.quotas = Quotas(quotas or {}, self.tenant_of)
         self.specs: dict[str, JobSpec] = {}
         self.max_retries: dict[str, int] = {}
         self.weights: dict[str, float] = {}
+        self.submitted: dict[str, float] = {}
+        """When each job was first queued here (its deadline counts from then)."""
         self.attempts: dict[str, int] = {}
         self.running: dict[str, Run] = {}
         self.reasons: dict[str, str] = {}
@@ -328,12 +356,11 @@ class Orchestrator:
         self.attempts.setdefault(record.id, record.attempts)
         options = self.cache.options(spec)
         if not options:
-            pending.add(record.id, "failed", "no memory-feasible plan fits this cluster's placement rules")
+            pending.add(record.id, "failed", no_option_message(record.id, spec, self.topology.cluster.name))
             self._mark_decided(record.id)
             return
-        self.state.queue[record.id] = ProblemJob(
-            id=record.id, arrival_s=self.now(), weight=record.weight, options=options
-        )
+        submitted = self.submitted.setdefault(record.id, self.now())
+        self.state.queue[record.id] = self._problem_job(record.id, spec, options, submitted, record.weight)
         self.reasons[record.id] = "queued: waiting for the next decision"
 
     def _release(self, job_id: str) -> Run | None:
@@ -350,6 +377,7 @@ class Orchestrator:
         self._release(job_id)
         self.progress.pop(job_id, None)
         if info.ok:
+            self.steps_left.pop(job_id, None)
             pending.add(job_id, "succeeded", "completed", measured=info.measured or None)
             self._learn(job_id, run, info)
             self.reasons.pop(job_id, None)
@@ -385,9 +413,10 @@ class Orchestrator:
             pending.add(job_id, "failed", f"attempt {attempts} failed: {cause}")
             pending.add(job_id, "queued", f"retry {attempts} of {limit}")
             spec = self.specs[job_id]
-            self.state.queue[job_id] = ProblemJob(
-                id=job_id, arrival_s=self.now(), weight=self.weights.get(job_id, 1.0), options=self.cache.options(spec)
-            )
+            submitted = self.submitted.get(job_id, self.now())
+            weight = self.weights.get(job_id, 1.0)
+            self.steps_left.pop(job_id, None)  # a failed attempt starts over
+            self.state.queue[job_id] = self._problem_job(job_id, spec, self.cache.options(spec), submitted, weight)
             self.reasons[job_id] = f"queued for retry {attempts} of {limit} after: {cause}"
         else:
             pending.add(job_id, "failed", f"attempt {attempts} failed: {cause}; retry limit {limit} reached")
@@ -404,10 +433,71 @@ class Orchestrator:
         self.reasons.pop(job_id, None)
         self._waits.pop(job_id, None)
 
+    def _problem_job(
+        self, job_id: str, spec: JobSpec, options: tuple[Option, ...], submitted: float, weight: float
+    ) -> ProblemJob:
+        job = problem_job(job_id, submitted, weight, options, spec)
+        return replace(job, restart_s=restart_cost_s(spec.model.num_params))
+
+    def _spec_now(self, job_id: str) -> JobSpec:
+        """The job's spec with the steps it still has to run."""
+        spec = self.specs[job_id]
+        left = self.steps_left.get(job_id)
+        if left is None:
+            return spec
+        return replace(spec, training=replace(spec.training, train_steps=left))
+
+    def _steps_at(self, job_id: str, run: Run, now: float) -> int:
+        """Steps the job still has to run if its attempt stopped at ``now``."""
+        before = self.steps_left.get(job_id, self.specs[job_id].training.train_steps)
+        return max(1, math.ceil(before * (1.0 - run.done_fraction(now))))
+
+    def _resumed(self, job_id: str, now: float) -> tuple[Option, ...]:
+        """The job's options if it stopped now and resumed: the steps it has left, plus its restart cost."""
+        spec = self.specs[job_id]
+        run = self.running.get(job_id)
+        left = self._steps_at(job_id, run, now) if run is not None else self.steps_left.get(job_id)
+        resumed = spec if left is None else replace(spec, training=replace(spec.training, train_steps=left))
+        restart = math.ceil(restart_cost_s(spec.model.num_params))
+        return tuple(replace(o, duration_s=o.duration_s + restart) for o in self.cache.options(resumed))
+
+    def _preempt(self, now: float, pending: _Pending) -> None:
+        """Stop the running jobs the HAS's review chose (module docstring): for a shorter job, or to grow
+        into idle GPUs. They rejoin the queue with the steps they have left and their restart cost, and
+        resume from their checkpoint."""
+        moves = self.state.review(now, max_restarts=self.max_restarts, options_now=lambda j: self._resumed(j, now))
+        for move in moves:
+            run = self.running.pop(move.job)
+            self.quotas.release(move.job)  # the review released its GPUs in the ledger already
+            self.executor.cancel(move.job)
+            self.progress.pop(move.job, None)
+            spec = self.specs[move.job]
+            before = self.steps_left.get(move.job, spec.training.train_steps)
+            left = self._steps_at(move.job, run, now)
+            self.steps_left[move.job] = left
+            options = self._resumed(move.job, now)
+            if move.max_duration_s < math.inf:  # it grows: only the faster plans
+                options = tuple(o for o in options if o.duration_s < move.max_duration_s) or options
+            weight = self.weights.get(move.job, 1.0)
+            self.state.queue[move.job] = self._problem_job(
+                move.job, spec, options, self.submitted.get(move.job, now), weight
+            )
+            why = "for a shorter job" if move.reason == "preempt" else "to grow into idle GPUs"
+            pending.add(
+                move.job,
+                "queued",
+                f"stopped {why} after {before - left} of {before} steps; resumes from its checkpoint",
+            )
+            self.reasons[move.job] = "queued: stopped, waiting to resume"
+
     def _decide(self, pending: _Pending) -> list[Launch]:
         now = self.now()
         tick = time.perf_counter()
         assignments = self.state.decide(now, admit=self.quotas)
+        if self.preempt:
+            self._preempt(now, pending)
+            if self.state.queue:
+                assignments += self.state.decide(now, admit=self.quotas)
         elapsed = time.perf_counter() - tick
         self.decisions += 1
         if self.on_decision is not None:
@@ -416,8 +506,16 @@ class Orchestrator:
         for a in assignments:
             attempt = self.attempts.get(a.job, 0) + 1
             self.attempts[a.job] = attempt
+            resumed = a.job in self.steps_left
+            restart = restart_cost_s(self.specs[a.job].model.num_params) if resumed else 0.0
             self.running[a.job] = Run(
-                job_id=a.job, attempt=attempt, option=a.option, nodes=a.nodes, start_s=now, end_s=a.end_s
+                job_id=a.job,
+                attempt=attempt,
+                option=a.option,
+                nodes=a.nodes,
+                start_s=now,
+                end_s=a.end_s,
+                restart_s=restart,
             )
             names = tuple(self.topology.nodes[i].name for i in a.nodes)
             plan = {**a.option.plan.to_dict(), "est_runtime_s": a.option.duration_s}
@@ -442,7 +540,7 @@ class Orchestrator:
                 Launch(
                     job_id=a.job,
                     attempt=attempt,
-                    spec=self.specs[a.job],
+                    spec=self._spec_now(a.job),
                     option=a.option,
                     nodes=names,
                     gpus_per_node=a.option.gpus_per_node,

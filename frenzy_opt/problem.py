@@ -180,7 +180,7 @@ class OptionCache:
         t = spec.training
         # Everything but the name and the step count (a tuple: cheaper to build than a new JobSpec).
         key: tuple[object, ...] = (spec.model, spec.parallel, spec.pinned, t.seq_len, t.micro_batch_size)
-        key += (t.global_batch_size, t.precision, t.optimizer, t.runtime)
+        key += (t.global_batch_size, t.precision, t.optimizer, t.runtime, spec.scheduling.max_gpus)
         found = self._searches.get(key)
         if found is None:
             one_step = replace(spec, name="", training=replace(t, train_steps=1))
@@ -188,6 +188,9 @@ class OptionCache:
             if self.plan_filter is not None:
                 plans = [p for p in plans if self.plan_filter(p, spec)]
             per_count = best_per_count(plans, self.topology, round_up=False)
+            cap = spec.scheduling.max_gpus
+            if cap is not None:
+                per_count = {key: o for key, o in per_count.items() if o.num_gpus <= cap}
             found = self._searches[key] = (per_count, pareto_options(per_count, self.max_options_per_type))
         return found
 
@@ -216,6 +219,27 @@ def scale_option(per_step: Option, steps: float) -> Option:
     )
 
 
+def problem_job(job_id: str, arrival_s: float, weight: float, options: tuple[Option, ...], spec: JobSpec) -> ProblemJob:
+    """The scheduler's view of a submitted job: its options and the spec's ``scheduling`` section (the
+    deadline, relative to submission in the spec, becomes absolute)."""
+    deadline = spec.scheduling.deadline_s
+    return ProblemJob(
+        id=job_id,
+        arrival_s=arrival_s,
+        weight=weight,
+        options=options,
+        priority=spec.scheduling.priority,
+        deadline_s=None if deadline is None else arrival_s + deadline,
+    )
+
+
+def no_option_message(job_id: str, spec: JobSpec, cluster_name: str) -> str:
+    """Why a job has no option, naming ``scheduling.max_gpus`` when it is the cause."""
+    cap = spec.scheduling.max_gpus
+    extra = f" with at most scheduling.max_gpus={cap} GPUs" if cap is not None else ""
+    return f"job {job_id}: no memory-feasible plan{extra} fits the placement rules of {cluster_name}"
+
+
 def build_problem(
     scenario: Scenario, *, max_options_per_type: int = 4, cache: OptionCache | None = None
 ) -> SchedulingProblem:
@@ -227,12 +251,8 @@ def build_problem(
     for job in scenario.jobs:
         options = cache.options(job.spec)
         if not options:
-            raise ValueError(
-                f"job {job.id}: no memory-feasible plan fits the placement rules of {scenario.cluster.name}"
-            )
-        jobs.append(
-            ProblemJob(id=job.id, arrival_s=float(math.ceil(job.arrival_s)), weight=job.weight, options=options)
-        )
+            raise ValueError(no_option_message(job.id, job.spec, scenario.cluster.name))
+        jobs.append(problem_job(job.id, float(math.ceil(job.arrival_s)), job.weight, options, job.spec))
     return SchedulingProblem(topology=cache.topology, jobs=tuple(jobs))
 
 

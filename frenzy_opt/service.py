@@ -137,6 +137,8 @@ def demo(
             seen: dict[str, str] = {}
             submitted_at: dict[str, float] = {}
             ended_at: dict[str, float] = {}
+            queued_s: dict[str, float] = {}  # time each job spent queued (polled every 0.1 s of wall time)
+            last_poll = 0.0
             while True:
                 now = (time.monotonic() - started) * time_scale
                 while pending and pending[0].arrival_s <= now:
@@ -148,6 +150,10 @@ def demo(
                     submitted_at[body["id"]] = now
                     say(f"[{now / 3600:6.2f} h] submit  {job.id:<22} -> {body['id']} ({body['state']})")
                 for item in client.get("/v1/jobs", params={"limit": 500}).json()["items"]:
+                    if item["id"] in ids and seen.get(item["id"], "queued") == "queued":
+                        queued_s[item["id"]] = (
+                            queued_s.get(item["id"], 0.0) + now - max(last_poll, submitted_at[item["id"]])
+                        )
                     if item["id"] not in ids or seen.get(item["id"]) == item["state"]:
                         continue
                     seen[item["id"]] = item["state"]
@@ -157,6 +163,7 @@ def demo(
                     line = _describe(item, name, now, now - submitted_at[item["id"]])
                     if line:
                         say(line)
+                last_poll = now
                 if not pending and len(ended_at) == len(ids):
                     break
                 if time.monotonic() - started > timeout_s:
@@ -165,5 +172,15 @@ def demo(
             cluster = client.get("/v1/cluster").json()
             states = {name: seen[job_id] for job_id, name in ids.items()}
             say(f"all {len(ids)} jobs ended; GPUs in use now: {sum(t['used'] for t in cluster['gpu_types'].values())}")
-        jct = [(ended_at[i] - submitted_at[i]) for i in ids]
-        return {"jobs": states, "avg_jct_s": sum(jct) / len(jct), "wall_s": time.monotonic() - started}
+        jct = {i: ended_at[i] - submitted_at[i] for i in ids}
+        waits = {ids[i]: {"jct_s": jct[i], "queued_s": min(queued_s.get(i, 0.0), jct[i])} for i in ids}
+        longer = sorted(n for n, w in waits.items() if w["queued_s"] > w["jct_s"] - w["queued_s"])
+        say(f"average JCT {sum(jct.values()) / len(jct) / 3600:.2f} h; jobs that waited longer than they ran: "
+            f"{', '.join(longer) or 'none'}")  # fmt: skip
+        return {
+            "jobs": states,
+            "avg_jct_s": sum(jct.values()) / len(jct),
+            "waits": waits,
+            "waited_longer_than_ran": longer,
+            "wall_s": time.monotonic() - started,
+        }

@@ -43,7 +43,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from frenzy_opt.problem import Option, OptionCache
+from frenzy_opt.problem import Option, OptionCache, no_option_message
 from frenzy_opt.scenario import Request, Scenario
 from frenzy_opt.topology import Topology
 from frenzy_opt.tracemap import expand, with_requests
@@ -84,6 +84,10 @@ class SimJob:
     restart_s: float
     startup_s: float = 0.0
     """The stall of the first start (0: none; Sia's replay charges its restart cost there too)."""
+    priority: int = 0
+    """The spec's ``scheduling.priority`` (what policies that know priority classes use)."""
+    deadline_s: float | None = None
+    """Absolute time by which the job should end (the spec's ``scheduling.deadline_s`` after arrival)."""
 
     def step_s(self, option: Option) -> float:
         """The *predicted* seconds per step on ``option`` (the step-time model's): what a policy knows."""
@@ -260,10 +264,9 @@ def sim_jobs(scenario: Scenario, cache: OptionCache | None = None) -> tuple[list
     for job in scenario.jobs:
         options = cache.per_step(job.spec)
         if not options or job.request is None:
-            raise ValueError(
-                f"job {job.id}: no memory-feasible plan fits the placement rules of {scenario.cluster.name}"
-            )
+            raise ValueError(no_option_message(job.id, job.spec, scenario.cluster.name))
         per_count = cache.per_count(job.spec)
+        deadline = job.spec.scheduling.deadline_s
         if (job.request.gpu_type, job.request.num_gpus) not in per_count:
             raise ValueError(
                 f"job {job.id}: request {job.request.num_gpus} x {job.request.gpu_type} has no memory-feasible plan "
@@ -281,6 +284,8 @@ def sim_jobs(scenario: Scenario, cache: OptionCache | None = None) -> tuple[list
                 per_count=per_count,
                 request=job.request,
                 restart_s=restart_cost_s(job.spec.model.num_params),
+                priority=job.spec.scheduling.priority,
+                deadline_s=None if deadline is None else math.ceil(job.arrival_s) + deadline,
             )
         )
     ids = [j.id for j in jobs]

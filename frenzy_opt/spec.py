@@ -101,6 +101,33 @@ class ParallelConfig:
 
 PARALLEL_FIELDS = tuple(f.name for f in fields(ParallelConfig))
 
+PRIORITY_RANGE = (-100, 100)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SchedulingConfig:
+    """How the scheduler should treat the job (contract 1's optional ``scheduling`` section)."""
+
+    priority: int = 0
+    """Priority class: every queued job of a higher class is served before any of a lower one, and the HAS
+    preempts only jobs of a lower or equal class (-100 … 100)."""
+    max_gpus: int | None = None
+    """At most this many GPUs (None: as many as the planner finds useful)."""
+    deadline_s: float | None = None
+    """Seconds after submission by which the job should have finished (None: no deadline)."""
+
+    def __post_init__(self) -> None:
+        low, high = PRIORITY_RANGE
+        if isinstance(self.priority, bool) or not isinstance(self.priority, int) or not low <= self.priority <= high:
+            raise ValueError(f"scheduling.priority must be an integer in [{low}, {high}], got {self.priority!r}")
+        if self.max_gpus is not None:
+            _check_positive_int("scheduling.max_gpus", self.max_gpus)
+        deadline = self.deadline_s
+        if deadline is not None and (
+            isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or not 0 < deadline < 1e9
+        ):
+            raise ValueError(f"scheduling.deadline_s must be a number of seconds in (0, 1e9), got {deadline!r}")
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobSpec:
@@ -112,6 +139,7 @@ class JobSpec:
     training: TrainingConfig
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     pinned: frozenset[str] = frozenset()
+    scheduling: SchedulingConfig = field(default_factory=SchedulingConfig)
 
     def to_mapping(self) -> dict[str, Any]:
         """The contract-1 mapping of this spec (:func:`parse_job` reads it back to an equal spec)."""
@@ -122,6 +150,8 @@ class JobSpec:
         }
         if self.pinned:
             data["parallel"] = {k: getattr(self.parallel, k) for k in sorted(self.pinned)}
+        if self.scheduling != SchedulingConfig():
+            data["scheduling"] = {k: v for k, v in asdict(self.scheduling).items() if v is not None}
         return data
 
     def with_parallel(self, parallel: ParallelConfig, micro_batch_size: int | None = None) -> JobSpec:
@@ -220,7 +250,7 @@ def parse_job(data: dict[str, Any]) -> JobSpec:
     """A :class:`JobSpec` from a contract-1 mapping (already loaded from YAML or JSON)."""
     if not isinstance(data, dict):
         raise ValueError("job spec must be a mapping with keys name, model, training, parallel")
-    allowed_top = {"name", "model", "training", "parallel", "id", "arrival_s", "weight"}
+    allowed_top = {"name", "model", "training", "parallel", "scheduling", "id", "arrival_s", "weight"}
     unknown = sorted(set(data) - allowed_top)
     if unknown:
         raise ValueError(f"job spec: unknown field(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed_top))}")
@@ -234,7 +264,15 @@ def parse_job(data: dict[str, Any]) -> JobSpec:
     parallel = ParallelConfig(**{**defaults, **parallel_raw})
     check_parallel(model, training, parallel)
     name = str(data.get("name") or f"{model.name}-job")
-    return JobSpec(name=name, model=model, training=training, parallel=parallel, pinned=frozenset(parallel_raw))
+    scheduling = SchedulingConfig(**_section(data, "scheduling", SchedulingConfig))
+    return JobSpec(
+        name=name,
+        model=model,
+        training=training,
+        parallel=parallel,
+        pinned=frozenset(parallel_raw),
+        scheduling=scheduling,
+    )
 
 
 def load_mapping(path: str | Path) -> dict[str, Any]:

@@ -43,7 +43,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import time
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import islice
@@ -59,10 +59,6 @@ URGENT_SLACK = 2.0
 # Weight per second of lateness past a deadline, relative to a second of completion time: a late plan is
 # chosen only when every plan is late (then the least late one).
 LATE_PENALTY = 100.0
-# The arrival rate in the marginal cost is measured over the arrivals of the last hour (a design choice: long
-# enough to count a few arrivals on a busy cluster, short enough to follow the diurnal load of Philly's trace,
-# Jeon et al. 2019 §3).
-ARRIVAL_WINDOW_S = 3600.0
 # Preempt only jobs whose remaining time is over this multiple of the waiting job's run (SRPT with a
 # hysteresis, so two jobs of similar size never swap back and forth).
 PREEMPT_RATIO = 2.0
@@ -278,10 +274,8 @@ class GreedyState:
     """Per GPU type its running jobs (and holds) in end order."""
     _work: dict[str, list[float]] = field(default_factory=dict)
     """Per GPU type, over its running jobs: the sum of GPUs x end and the sum of GPUs."""
-    _arrival_weight: float = 0.0
-    _arrived: set[str] = field(default_factory=set)
+
     _first_start: dict[str, float] = field(default_factory=dict)
-    _arrivals: deque[tuple[float, float]] = field(default_factory=deque)
     _seq: int = 0
 
     def __post_init__(self) -> None:
@@ -375,10 +369,6 @@ class GreedyState:
             self._sorted[job.id] = tuple(sorted(job.options, key=lambda o: o.duration_s))
             if job.deadline_s is not None:
                 self._deadlines.add(job.id)
-            if job.id not in self._arrived:
-                self._arrived.add(job.id)
-                self._arrivals.append((job.arrival_s, job.weight))
-                self._arrival_weight += job.weight
         return key
 
     def _order(self, now: float) -> list[ProblemJob]:
@@ -431,7 +421,6 @@ class GreedyState:
         # The weight queued behind the job being decided (module docstring: the price of its GPU-seconds).
         behind = sum(job.weight for job in order)
         gpus = max(sum(self.capacity.values()), 1)
-        rate = self.arrival_weight_rate(now)
         for job in order:
             behind -= job.weight
             if free_total == 0:
@@ -452,7 +441,7 @@ class GreedyState:
                     else:
                         nodes = fits[shape] = self.free[gpu_type].fit(option)
                     reservation = reserved.get(gpu_type)
-                    used = self._used(behind, rate, option, gpus)
+                    used = self._used(behind, option, gpus)
                     if nodes is not None and (
                         reservation is None
                         or now + option.duration_s <= reservation.start
@@ -525,23 +514,10 @@ class GreedyState:
             started.append(Assignment(job=job.id, option=option, nodes=nodes, start_s=now, end_s=end))
         return started
 
-    def _used(self, behind: float, rate: float, option: Option, gpus: int) -> float:
+    def _used(self, behind: float, option: Option, gpus: int) -> float:
         """The marginal-cost term of ``option``'s GPU-seconds (module docstring): the weight queued behind
-        plus the weight expected to arrive while it runs (``rate`` x duration, each arrival delayed on
-        average half as long), times g·d / C."""
-        duration = option.duration_s
-        return self.queue_price * (behind + 0.5 * rate * duration) * option.num_gpus * duration / gpus
-
-    def arrival_weight_rate(self, now: float) -> float:
-        """Weight arriving per second, over the last :data:`ARRIVAL_WINDOW_S` of arrivals seen."""
-        arrivals = self._arrivals
-        while arrivals and arrivals[0][0] < now - ARRIVAL_WINDOW_S:
-            self._arrival_weight -= arrivals.popleft()[1]
-        if not arrivals:
-            self._arrival_weight = 0.0
-            return 0.0
-        span = max(now - arrivals[0][0], ARRIVAL_WINDOW_S / 4)
-        return self._arrival_weight / span
+        times g·d / C."""
+        return self.queue_price * behind * option.num_gpus * option.duration_s / gpus
 
     def update_end(self, key: str, end_s: float) -> None:
         """A running job's estimated end changed (its speed was measured, or it ran past the estimate)."""
@@ -595,12 +571,9 @@ class GreedyState:
             order = self._order(now)[:max_waiting]
             behind = sum(job.weight for job in self.queue.values())
             gpus = max(sum(self.capacity.values()), 1)
-            rate = self.arrival_weight_rate(now)
             for job in order:
                 behind -= job.weight
-                ranked = sorted(
-                    job.options, key=lambda o: job.weight * o.duration_s + self._used(behind, rate, o, gpus)
-                )
+                ranked = sorted(job.options, key=lambda o: job.weight * o.duration_s + self._used(behind, o, gpus))
                 for option in ranked:
                     found = self._preempt_for(job, option, now, max_restarts)
                     if found is not None:

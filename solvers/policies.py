@@ -204,7 +204,13 @@ class FrenzyPolicy(_Base):
         scaled = tuple(o for k, o in sorted(mapping.items()) if k < 0)
         self._options[job.id] = {k: o for k, o in mapping.items() if k >= 0}
         self.state.queue[job.id] = ProblemJob(
-            id=job.id, arrival_s=job.arrival_s, weight=job.weight, options=scaled, restart_s=job.restart_s
+            id=job.id,
+            arrival_s=job.arrival_s,
+            weight=job.weight,
+            options=scaled,
+            priority=job.priority,
+            deadline_s=job.deadline_s,
+            restart_s=job.restart_s,
         )
 
     def _remaining_now(self, job_id: str, now: float) -> float:

@@ -20,6 +20,9 @@ from frenzy_opt.executors import ExitInfo, Launch, OnExit, OnReport
 
 class SimulatedExecutor:
     name = "simulated"
+    preemptible = True
+    """A cancelled attempt resumes where it stopped (the orchestrator relaunches it with the steps it has
+    left), as a real run does from its last checkpoint."""
 
     def __init__(self, *, time_scale: float = 1.0, fail_rate: float = 0.0, seed: int = 0) -> None:
         if not time_scale > 0:
