@@ -207,3 +207,16 @@ def test_sensitivity_reuses_identical_runs_and_reports_every_variant(tmp_path: P
         assert results["sia [rounds 120 s]"] is not results["sia [defaults]"]
     text = "\n".join(sensitivity_section(runs, variants, ("frenzy", "sia")))
     assert "| rounds 120 s |" in text and "| restarts x2 |" in text and "frenzy vs sia, paired" in text
+
+
+@pytest.mark.parametrize(("short", "factor"), [("sia64-llm", 1 / 0.3), ("paper3type-llm", 10.0)])
+def test_the_hours_scenarios_are_the_shortened_ones_stretched_in_time(short: str, factor: float) -> None:
+    from frenzy_opt.scenario import load_scenario
+    from frenzy_opt.workload import synthetic_trace
+
+    spec, hours = load_scenario(short).workload, load_scenario(f"{short}-hours").workload
+    assert spec is not None and hours is not None and hours.duration_scale == 1.0
+    for a, b in zip(synthetic_trace(spec), synthetic_trace(hours), strict=True):
+        assert a.num_gpus == b.num_gpus
+        assert b.submit_s == pytest.approx(a.submit_s * factor, rel=2e-5, abs=1e-2)  # submit_s rounded to 1 ms
+        assert b.duration_s == pytest.approx(a.duration_s * factor, rel=1e-9)
