@@ -465,7 +465,9 @@ class Orchestrator:
         """Stop the running jobs the HAS's review chose (module docstring): for a shorter job, or to grow
         into idle GPUs. They rejoin the queue with the steps they have left and their restart cost, and
         resume from their checkpoint."""
-        moves = self.state.review(now, max_restarts=self.max_restarts, options_now=lambda j: self._resumed(j, now))
+        moves = self.state.review(
+            now, max_restarts=self.max_restarts, options_now=lambda j: self._resumed(j, now), admit=self.quotas
+        )
         for move in moves:
             run = self.running.pop(move.job)
             self.quotas.release(move.job)  # the review released its GPUs in the ledger already

@@ -561,6 +561,7 @@ class GreedyState:
         max_restarts: int,
         options_now: Callable[[str], tuple[Option, ...]] | None = None,
         max_waiting: int = 16,
+        admit: Admission | None = None,
     ) -> list[Move]:
         """Preempt and grow running jobs (module docstring), after :meth:`decide` at the same time. Stopped
         jobs' GPUs are released here; the caller stops them and enqueues them again with their remaining
@@ -575,6 +576,8 @@ class GreedyState:
                 behind -= job.weight
                 ranked = sorted(job.options, key=lambda o: job.weight * o.duration_s + self._used(behind, o, gpus))
                 for option in ranked:
+                    if admit is not None and not admit.allows(job.id, option):
+                        continue
                     found = self._preempt_for(job, option, now, max_restarts)
                     if found is not None:
                         moves += found
@@ -588,7 +591,10 @@ class GreedyState:
         for run in sorted(self.by_job.values(), key=lambda r: -(r.end_s - now)):
             if not self._movable(run, now, max_restarts):
                 continue
-            target = self._growth(run, options_now(run.job), run.end_s - now)
+            options = options_now(run.job)
+            if admit is not None:
+                options = tuple(o for o in options if admit.allows(run.job, o))
+            target = self._growth(run, options, run.end_s - now)
             if target is None:
                 continue
             limit, option, nodes = target

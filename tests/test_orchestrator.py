@@ -49,9 +49,11 @@ class FakeExecutor:
         self.launched.clear()
 
 
-def _orchestrator(tmp_path: Path, quotas: dict[str, dict[str, int]] | None = None) -> Orchestrator:
+def _orchestrator(
+    tmp_path: Path, quotas: dict[str, dict[str, int]] | None = None, preempt: bool = False
+) -> Orchestrator:
     store = Store(f"sqlite:///{tmp_path / f'ledger-{next(COUNTER)}.db'}")
-    return Orchestrator(store, CLUSTER, FakeExecutor(), time_scale=1000.0, quotas=quotas, cache=CACHE)
+    return Orchestrator(store, CLUSTER, FakeExecutor(), time_scale=1000.0, quotas=quotas, cache=CACHE, preempt=preempt)
 
 
 def _submit(orch: Orchestrator, spec: dict[str, object], tenant: str = "t", retries: int = 1) -> str:
@@ -90,6 +92,7 @@ OPS = st.lists(
         st.tuples(st.just("submit"), st.integers(0, len(SPECS) - 1), st.sampled_from(["a", "b"])),
         st.tuples(st.just("finish"), st.integers(0, 50), st.booleans()),
         st.tuples(st.just("cancel"), st.integers(0, 50), st.just(False)),
+        st.tuples(st.just("tick"), st.integers(0, 50), st.just(False)),
     ),
     min_size=1,
     max_size=25,
@@ -100,10 +103,15 @@ OPS = st.lists(
     max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture]
 )
 @given(OPS)
+@pytest.mark.parametrize("preempt", [False, True])
 def test_the_ledger_never_double_books_and_gets_every_gpu_back(
-    tmp_path: Path, ops: list[tuple[str, int, object]]
+    tmp_path: Path, preempt: bool, ops: list[tuple[str, int, object]]
 ) -> None:
-    orch = _orchestrator(tmp_path, quotas={"b": {"A100-SXM4-80GB": 8}})
+    """With preemption on, the HAS also stops and resumes running jobs (``tick`` moves the clock on by up to
+    50 h so that jobs become long-running and preemptible)."""
+    orch = _orchestrator(tmp_path, quotas={"b": {"A100-SXM4-80GB": 8}}, preempt=preempt)
+    clock = [0.0]
+    orch.now = lambda: clock[0]  # type: ignore[method-assign]
     executor = orch.executor
     assert isinstance(executor, FakeExecutor)
     submitted: list[str] = []
@@ -118,6 +126,8 @@ def test_the_ledger_never_double_books_and_gets_every_gpu_back(
             from concurrent.futures import Future
 
             orch.process([("cancel", submitted[k % len(submitted)], Future())])
+        elif op == "tick":
+            clock[0] += 3600.0 * k
         _check_ledger(orch)
     # End everything: every GPU comes back.
     while orch.running or orch.state.queue:

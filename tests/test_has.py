@@ -1,0 +1,236 @@
+"""The HAS's decisions: marginal-cost plan choice, priority classes, deadlines, max_gpus, preemption and
+elastic growth (solvers/greedy.py), in the simulator's frenzy policy and in the service's orchestrator."""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+
+import pytest
+
+from frenzy_opt.cluster import parse_cluster
+from frenzy_opt.executors import ExitInfo, Launch, OnExit
+from frenzy_opt.gpus import lookup_gpu
+from frenzy_opt.orchestrator import Orchestrator
+from frenzy_opt.plans import Plan
+from frenzy_opt.problem import Option, OptionCache, ProblemJob, SchedulingProblem
+from frenzy_opt.scenario import Request, load_cluster_ref
+from frenzy_opt.simulator import SimJob, Simulator
+from frenzy_opt.solvers.greedy import GreedyState
+from frenzy_opt.solvers.policies import make_policy
+from frenzy_opt.spec import ParallelConfig, parse_job
+from frenzy_opt.store import Store
+from frenzy_opt.topology import Topology
+
+GPU = "A100-SXM4-80GB"
+# One type, two 8-GPU nodes (16 GPUs).
+TOPOLOGY = Topology(parse_cluster({"node_groups": [{"gpu": GPU, "num_nodes": 2, "gpus_per_node": 8}]}))
+
+
+def _option(num_gpus: int, duration_s: float, gpu_type: str = GPU) -> Option:
+    gpu = lookup_gpu(gpu_type)
+    plan = Plan(
+        gpu_type=gpu_type,
+        num_gpus=num_gpus,
+        parallel=ParallelConfig(dp=num_gpus),
+        micro_batch_size=1,
+        precision="bf16",
+        peak_allocated_bytes=gpu.memory_bytes // 2,
+        peak_reserved_bytes=gpu.memory_bytes // 2,
+        device_used_bytes=gpu.memory_bytes // 2,
+        capacity_bytes=gpu.memory_bytes,
+        step_time_s=duration_s,
+    )
+    return Option(gpu_type=gpu_type, num_gpus=num_gpus, whole_nodes=num_gpus // 8, duration_s=duration_s, plan=plan)
+
+
+def _job(job_id: str, options: tuple[Option, ...], **fields: object) -> ProblemJob:
+    return ProblemJob(id=job_id, arrival_s=0.0, weight=1.0, options=options, **fields)  # type: ignore[arg-type]
+
+
+# 1 GPU for 1,000 s or 8 GPUs for 400 s: 2.5x faster for 8x the GPUs (3,200 GPU-seconds against 1,000).
+SCALING = (_option(1, 1000.0), _option(8, 400.0))
+
+
+def test_alone_a_job_takes_its_fastest_plan_behind_a_queue_its_most_efficient() -> None:
+    alone = GreedyState(SchedulingProblem(topology=TOPOLOGY, jobs=()))
+    alone.queue["a"] = _job("a", SCALING)
+    (started,) = alone.decide(0.0)
+    assert started.option.num_gpus == 8
+    # 30 longer jobs queued behind it: 8 GPUs for 400 s delay them more than 600 s of its own time saves.
+    busy = GreedyState(SchedulingProblem(topology=TOPOLOGY, jobs=()))
+    busy.queue["a"] = _job("a", SCALING)
+    for i in range(30):
+        busy.queue[f"long-{i}"] = _job(f"long-{i}", (_option(1, 50_000.0),))
+    first = next(a for a in busy.decide(0.0) if a.job == "a")
+    assert first.option.num_gpus == 1
+    # queue_price 0 restores "fastest now" behind the same queue
+    blind = GreedyState(SchedulingProblem(topology=TOPOLOGY, jobs=()), queue_price=0.0)
+    blind.queue = dict(busy.queue) | {"a": _job("a", SCALING)}
+    assert next(a for a in blind.decide(0.0) if a.job == "a").option.num_gpus == 8
+
+
+def test_a_higher_priority_class_goes_first_even_when_longer() -> None:
+    state = GreedyState(SchedulingProblem(topology=TOPOLOGY, jobs=()))
+    state.queue["short"] = _job("short", (_option(16, 100.0),))
+    state.queue["urgent"] = _job("urgent", (_option(16, 5000.0),), priority=1)
+    (started,) = state.decide(0.0)
+    assert started.job == "urgent"
+
+
+def test_a_near_deadline_goes_first_and_picks_a_plan_that_meets_it() -> None:
+    state = GreedyState(SchedulingProblem(topology=TOPOLOGY, jobs=()))
+    state.queue["short"] = _job("short", (_option(16, 100.0),))
+    state.queue["due"] = _job("due", (_option(16, 1000.0),), deadline_s=1500.0)
+    (started,) = state.decide(0.0)
+    assert started.job == "due"  # WSPT alone would start the shorter job first
+    # Behind a long queue the efficient 1-GPU plan (1,000 s) would be chosen; with a deadline at 500 s
+    # only the 8-GPU plan (400 s) is on time.
+    late = GreedyState(SchedulingProblem(topology=TOPOLOGY, jobs=()))
+    late.queue["due"] = _job("due", SCALING, deadline_s=500.0)
+    for i in range(30):
+        late.queue[f"long-{i}"] = _job(f"long-{i}", (_option(1, 50_000.0),))
+    assert next(a for a in late.decide(0.0) if a.job == "due").option.num_gpus == 8
+
+
+def test_max_gpus_caps_every_option_and_is_checked() -> None:
+    cluster = load_cluster_ref("paper-3type")
+    cache = OptionCache(cluster, Topology(cluster))
+    base = {"model": "gpt3-1.3b", "training": {"seq_len": 2048, "global_batch_size": 64, "train_steps": 100}}
+    free = cache.options(parse_job(base))
+    capped = cache.options(parse_job({**base, "scheduling": {"max_gpus": 4}}))
+    assert max(o.num_gpus for o in free) > 4 >= max(o.num_gpus for o in capped)
+    spec = parse_job({**base, "scheduling": {"priority": 3, "max_gpus": 4, "deadline_s": 7200}})
+    assert parse_job(spec.to_mapping()) == spec
+    for bad, field in (({"max_gpus": 0}, "scheduling.max_gpus"), ({"priority": 1000}, "scheduling.priority")):
+        with pytest.raises(ValueError, match=field):
+            parse_job({**base, "scheduling": bad})
+    with pytest.raises(ValueError, match="scheduling: unknown field"):
+        parse_job({**base, "scheduling": {"gpus": 2}})
+
+
+def _running(state: GreedyState, job: ProblemJob, now: float) -> None:
+    state.queue[job.id] = job
+    assert [a.job for a in state.decide(now)] == [job.id]
+
+
+def test_a_short_job_preempts_a_long_one_within_the_restart_bounds() -> None:
+    long = _job("long", (_option(16, 100_000.0),), restart_s=60.0)
+    short = _job("short", (_option(16, 500.0),), restart_s=60.0)
+    for max_restarts, expected in ((1, ["long"]), (0, [])):
+        state = GreedyState(SchedulingProblem(topology=TOPOLOGY, jobs=()), patient=False)
+        _running(state, long, 0.0)
+        state.queue["short"] = short
+        assert state.decide(5000.0) == []  # nothing free
+        moves = state.review(5000.0, max_restarts=max_restarts)
+        assert [m.job for m in moves] == expected
+        if expected:
+            assert [a.job for a in state.decide(5000.0)] == ["short"]
+            assert state.restarts == {"long": 1}
+    # Not a job of a higher class, nor one that has not yet run 10 restart costs (MAX_OVERHEAD)
+    for running, at in ((_job("vip", long.options, restart_s=60.0, priority=1), 5000.0), (long, 300.0)):
+        state = GreedyState(SchedulingProblem(topology=TOPOLOGY, jobs=()), patient=False)
+        _running(state, running, 0.0)
+        state.queue["short"] = short
+        state.decide(at)
+        assert state.review(at, max_restarts=5) == []
+
+
+def test_a_running_job_grows_into_idle_gpus_when_it_saves_enough() -> None:
+    state = GreedyState(SchedulingProblem(topology=TOPOLOGY, jobs=()), patient=False)
+    _running(state, _job("grow", (_option(8, 40_000.0),), restart_s=60.0), 0.0)
+    faster = (_option(16, 20_000.0),)
+    slower = (_option(16, 35_000.0),)  # saves under GROW_GAIN of the 30,000 s left at 10,000 s
+    assert state.review(10_000.0, max_restarts=3, options_now=lambda _: slower) == []
+    (move,) = state.review(10_000.0, max_restarts=3, options_now=lambda _: faster)
+    assert move.job == "grow" and move.reason == "grow" and move.max_duration_s < 30_000.0
+    assert state.free[GPU].total() == 16  # its GPUs were given back for the move
+
+
+def _sim_job(job_id: str, arrival_s: float, steps: int, options: tuple[Option, ...]) -> SimJob:
+    return SimJob(
+        id=job_id,
+        arrival_s=arrival_s,
+        weight=1.0,
+        model="m",
+        steps=steps,
+        options=options,
+        per_count={(o.gpu_type, o.num_gpus): o for o in options},
+        request=Request(gpu_type=GPU, num_gpus=16),
+        restart_s=30.0,
+    )
+
+
+def test_simulated_frenzy_preempts_for_a_short_arrival_and_not_without_it() -> None:
+    one_step = (_option(16, 1.0),)  # 1 s per step on the whole cluster
+    jobs = [_sim_job("long", 0.0, 100_000, one_step), _sim_job("short", 5000.0, 300, one_step)]
+    results = {}
+    for preempt in (True, False):
+        policy = make_policy("frenzy", preempt=preempt)
+        results[preempt] = Simulator(TOPOLOGY, jobs, policy).run()  # type: ignore[arg-type]
+    short = {p: r.jobs["short"].end_s - 5000.0 for p, r in results.items() if r.jobs["short"].end_s is not None}
+    assert short[True] < 2 * 300 + 30  # it ran (almost) at once, not after the long job's 100,000 s
+    assert short[False] > 90_000
+    assert results[True].metrics()["restarts"] == 1 and results[False].metrics()["restarts"] == 0
+
+
+class ResumingExecutor:
+    """Runs nothing; stopped attempts resume (the orchestrator may preempt)."""
+
+    name = "fake-resuming"
+    preemptible = True
+
+    def __init__(self) -> None:
+        self.launched: dict[str, Launch] = {}
+        self.cancelled: list[str] = []
+
+    def launch(self, launch: Launch, on_exit: OnExit, on_report: object = None) -> None:
+        self.launched[launch.job_id] = launch
+
+    def cancel(self, job_id: str) -> None:
+        self.cancelled.append(job_id)
+        self.launched.pop(job_id, None)
+
+    def running(self) -> set[str]:
+        return set(self.launched)
+
+    def shutdown(self) -> None:
+        self.launched.clear()
+
+
+COUNTER = itertools.count()
+
+
+def test_the_service_preempts_a_long_job_for_a_short_one_and_resumes_it(tmp_path: Path) -> None:
+    cluster = parse_cluster({"name": "one-node", "node_groups": [{"gpu": GPU, "num_nodes": 1, "gpus_per_node": 8}]})
+    store = Store(f"sqlite:///{tmp_path / 'ledger.db'}")
+    executor = ResumingExecutor()
+    orch = Orchestrator(store, cluster, executor)
+    clock = [0.0]
+    orch.now = lambda: clock[0]  # type: ignore[method-assign]
+    training = {"seq_len": 1024, "global_batch_size": 64}
+    spec_long = {"model": "gpt3-125m", "training": {**training, "train_steps": 200_000}}
+    spec_short = {"model": "gpt3-125m", "training": {**training, "train_steps": 200}}
+
+    def submit(spec: dict[str, object]) -> str:
+        record = store.add_job(
+            job_id=f"job-{next(COUNTER)}", tenant="t", name="j", spec=spec, request_hash="h", idempotency_key=None,
+            max_retries=1, weight=1.0, predicted=None,
+        )  # fmt: skip
+        orch.process([("submit", record)])
+        return record.id
+
+    long = submit(spec_long)
+    assert long in orch.running
+    total = orch.running[long].end_s
+    clock[0] = total / 2
+    short = submit(spec_short)
+    assert executor.cancelled == [long] and short in orch.running and long in orch.state.queue
+    history = [(e.state, e.detail) for e in store.events(long)]
+    assert history[-1][0] == "queued" and "resumes from its checkpoint" in history[-1][1]
+    left = orch.steps_left[long]
+    assert 0.4 * 200_000 < left < 0.6 * 200_000  # about half its steps were done
+    clock[0] = orch.running[short].end_s
+    orch.process([("exit", short, executor.launched[short].attempt, ExitInfo(ok=True))])
+    assert long in orch.running and executor.launched[long].spec.training.train_steps == left
+    store.close()
