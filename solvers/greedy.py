@@ -62,6 +62,14 @@ LATE_PENALTY = 100.0
 # Preempt only jobs whose remaining time is over this multiple of the waiting job's run (SRPT with a
 # hysteresis, so two jobs of similar size never swap back and forth).
 PREEMPT_RATIO = 2.0
+# Impatient, a decision plans the wait (estimated start, reservation) of at most this many jobs that cannot
+# start now; the others wait unplanned until the next decision (a bound on its cost with a long queue).
+IMPATIENT_WAITS = 8
+# How much one review looks at (a bound on its cost, whatever the queue and the cluster): the first queued jobs
+# in decision order, each one's cheapest plans, and the running jobs with the longest remaining time for growth.
+REVIEW_WAITING = 4
+REVIEW_OPTIONS = 3
+REVIEW_GROWTHS = 4
 # Restarts may take at most this fraction of a job's time since its first start (see GreedyState._movable).
 MAX_OVERHEAD = 0.1
 # Grow a running job only if it saves over this fraction of its remaining time, its restart paid.
@@ -257,6 +265,8 @@ class GreedyState:
     _ranks: dict[str, tuple[float, float, float, str]] = field(default_factory=dict)
     _ranked_options: dict[str, tuple[Option, ...]] = field(default_factory=dict)
     _sorted: dict[str, tuple[Option, ...]] = field(default_factory=dict)
+    _fewest: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Per queued job, the fewest GPUs any of its options takes on each type."""
     waiting: dict[str, tuple[Option | None, float]] = field(default_factory=dict)
     """After :meth:`decide`: per job it reached and left queued, the option it waits for (None: admission
     ruled out every option) and its estimated start."""
@@ -367,6 +377,10 @@ class GreedyState:
             key = self._ranks[job.id] = (-job.priority, -job.weight / job.fastest_s, job.arrival_s, job.id)
             self._ranked_options[job.id] = job.options
             self._sorted[job.id] = tuple(sorted(job.options, key=lambda o: o.duration_s))
+            fewest: dict[str, int] = {}
+            for option in job.options:
+                fewest[option.gpu_type] = min(option.num_gpus, fewest.get(option.gpu_type, option.num_gpus))
+            self._fewest[job.id] = fewest
             if job.deadline_s is not None:
                 self._deadlines.add(job.id)
         return key
@@ -418,6 +432,7 @@ class GreedyState:
         # decision chose to wait for (the queue ahead, as a fluid: Harchol-Balter 2013, ch. 13).
         ahead: dict[str, float] = {}
         order = self._order(now)
+        analysed = 0  # impatient: jobs whose wait this decision planned
         # The weight queued behind the job being decided (module docstring: the price of its GPU-seconds).
         behind = sum(job.weight for job in order)
         gpus = max(sum(self.capacity.values()), 1)
@@ -428,7 +443,16 @@ class GreedyState:
             weight, deadline = job.weight, job.deadline_s
             # (cost, end, option, nodes if it starts now, index of the end it waits for)
             best: tuple[float, float, Option, tuple[int, ...] | None, int] | None = None
-            for now_only in (True, False) if not self.patient else (False,):
+            # Impatient, a job waits only when nothing fits now; once every type holds a reservation, how
+            # long it would wait changes no start of this decision (only what :attr:`waiting` says).
+            if self.patient:
+                passes: tuple[bool, ...] = (False,)
+            else:
+                fewest = self._fewest[job.id]
+                room = any(self.free[t].count >= n for t, n in fewest.items())  # else nothing can fit now
+                plan_wait = len(reserved) < len(self.free) and analysed < IMPATIENT_WAITS
+                passes = ((True,) if room else ()) + ((False,) if plan_wait else ())
+            for now_only in passes:
                 for option in self._by_duration(job):
                     if best is not None and best[0] <= weight * option.duration_s:
                         break  # this option and every longer one cost no less than the best so far
@@ -441,15 +465,16 @@ class GreedyState:
                     else:
                         nodes = fits[shape] = self.free[gpu_type].fit(option)
                     reservation = reserved.get(gpu_type)
-                    used = self._used(behind, option, gpus)
-                    if nodes is not None and (
+                    fits_now = nodes is not None and (
                         reservation is None
                         or now + option.duration_s <= reservation.start
                         or all(reservation.left[n] >= option.gpus_per_node for n in nodes)
-                    ):
-                        end, index = now + option.duration_s, -1
-                    elif now_only:
+                    )
+                    if now_only and not fits_now:
                         continue
+                    used = self._used(behind, option, gpus)
+                    if fits_now:
+                        end, index = now + option.duration_s, -1
                     else:
                         floor = now + self._ahead(gpu_type, now, ahead) / self.capacity[gpu_type]
                         if best is not None and best[0] <= weight * (floor + option.duration_s - now) + used:
@@ -472,7 +497,9 @@ class GreedyState:
                         best = (cost, end, option, nodes, index)
                 if best is not None:
                     break  # impatient: something fits now, take the best of that
-            if best is None:  # admission ruled out every option
+            if not self.patient and best is not None and best[3] is None:
+                analysed += 1
+            if best is None:  # admission ruled out every option, or (impatient) its wait was not planned
                 self.waiting[job.id] = (None, float("inf"))
                 continue
             _, end, option, nodes, index = best
@@ -506,7 +533,7 @@ class GreedyState:
             self._first_start.setdefault(job.id, now)
             self._push(run)
             del self.queue[job.id]
-            for cache in (self._ranks, self._ranked_options, self._sorted):
+            for cache in (self._ranks, self._ranked_options, self._sorted, self._fewest):
                 del cache[job.id]
             self._deadlines.discard(job.id)
             if admit is not None:
@@ -560,37 +587,42 @@ class GreedyState:
         *,
         max_restarts: int,
         options_now: Callable[[str], tuple[Option, ...]] | None = None,
-        max_waiting: int = 16,
         admit: Admission | None = None,
     ) -> list[Move]:
         """Preempt and grow running jobs (module docstring), after :meth:`decide` at the same time. Stopped
         jobs' GPUs are released here; the caller stops them and enqueues them again with their remaining
         work (and calls :meth:`decide` once more). ``options_now(job)``: a running job's options if it
-        restarted now (durations with the restart cost); without it, no job grows."""
+        restarted now (durations with the restart cost); without it, no job grows. The work is bounded:
+        the first :data:`REVIEW_WAITING` queued jobs, their :data:`REVIEW_OPTIONS` cheapest plans, and
+        :data:`REVIEW_GROWTHS` running jobs."""
         moves: list[Move] = []
+        movable: dict[str, list[tuple[int, float, str, _Running]]] = {}
         if self.queue:
-            order = self._order(now)[:max_waiting]
             behind = sum(job.weight for job in self.queue.values())
             gpus = max(sum(self.capacity.values()), 1)
-            for job in order:
+            for job in self._order(now)[:REVIEW_WAITING]:
                 behind -= job.weight
                 ranked = sorted(job.options, key=lambda o: job.weight * o.duration_s + self._used(behind, o, gpus))
+                tried = 0
                 for option in ranked:
                     if admit is not None and not admit.allows(job.id, option):
                         continue
-                    found = self._preempt_for(job, option, now, max_restarts)
+                    tried += 1
+                    found = self._preempt_for(job, option, now, max_restarts, movable)
                     if found is not None:
                         moves += found
                         break
+                    if tried == REVIEW_OPTIONS:
+                        break
         if (self.queue and self.patient) or options_now is None:
             return moves
-        free_total = sum(index.count for index in self.free.values())
-        if free_total == 0:
+        if sum(index.count for index in self.free.values()) == 0:
             return moves
         held: list[tuple[str, int, int]] = []  # idle GPUs promised to earlier growths of this review
-        for run in sorted(self.by_job.values(), key=lambda r: -(r.end_s - now)):
-            if not self._movable(run, now, max_restarts):
-                continue
+        longest = sorted(
+            (r for r in self.by_job.values() if self._movable(r, now, max_restarts)), key=lambda r: (r.end_s, r.seq)
+        )[-REVIEW_GROWTHS:]
+        for run in reversed(longest):
             options = options_now(run.job)
             if admit is not None:
                 options = tuple(o for o in options if admit.allows(run.job, o))
@@ -633,47 +665,57 @@ class GreedyState:
                 break
         return best
 
-    def _preempt_for(self, job: ProblemJob, option: Option, now: float, max_restarts: int) -> list[Move] | None:
+    def _preempt_for(
+        self,
+        job: ProblemJob,
+        option: Option,
+        now: float,
+        max_restarts: int,
+        movable: dict[str, list[tuple[int, float, str, _Running]]],
+    ) -> list[Move] | None:
         """Stop running jobs so that ``job`` can start ``option`` now, if it is worth it (module docstring);
-        None if it is not (or the option fits without)."""
+        None if it is not (or the option fits without). ``movable`` caches, per GPU type for this review,
+        the runs :meth:`_movable` admits by (priority, longest remaining first)."""
         gpu_type = option.gpu_type
-        if self.free[gpu_type].fit(option) is not None:
-            return None
-        candidates = [
-            run
-            for run in self.by_job.values()
-            if run.gpu_type == gpu_type
-            and run.problem is not None
-            and run.problem.priority <= job.priority
-            and run.end_s - now > PREEMPT_RATIO * option.duration_s
-            and self._movable(run, now, max_restarts)
-        ]
-        if not candidates:
-            return None
-        candidates.sort(key=lambda r: (r.problem.priority if r.problem else 0, -(r.end_s - now), r.job))
         index = self.free[gpu_type]
-        free = dict(index.free)
+        if index.fit(option) is not None:
+            return None
+        runs = movable.get(gpu_type)
+        if runs is None:
+            runs = movable[gpu_type] = sorted(
+                (run.problem.priority, -(run.end_s - now), run.job, run)
+                for run in self.by_job.values()
+                if run.gpu_type == gpu_type and run.problem is not None and self._movable(run, now, max_restarts)
+            )
+        threshold = PREEMPT_RATIO * option.duration_s
         size = index.size
+        freed: dict[int, int] = {}
+        whole = len(index.buckets[size])
+        block = max((left for left in range(size + 1) if index.buckets[left]), default=0)
         chosen: list[_Running] = []
         loss = 0.0
-        for run in candidates:
+        fits = False
+        for priority, negative_left, _, run in runs:
+            if priority > job.priority:
+                break
+            if -negative_left <= threshold or run.released:
+                continue
             chosen.append(run)
             for node in run.nodes:
-                free[node] += run.per_node
+                after = freed[node] = freed.get(node, index.free[node]) + run.per_node
+                block = max(block, after)
+                whole += after == size
             assert run.problem is not None
             loss += run.problem.weight * (run.problem.restart_s + option.duration_s)
-            if option.whole_nodes == 0:
-                fits = any(left >= option.num_gpus for left in free.values())
-            else:
-                fits = sum(left == size for left in free.values()) >= option.whole_nodes
+            fits = block >= option.num_gpus if option.whole_nodes == 0 else whole >= option.whole_nodes
             if fits:
                 break
-        else:
+        if not fits:
             return None
         # Its wait without preemption: until the running jobs of the type free enough GPUs (a lower bound).
-        runs = self._ends.setdefault(gpu_type, [])
-        index_end = _Horizon(index, runs).earliest(option)
-        start = runs[index_end][0] if index_end >= 0 else float("inf")
+        ends = self._ends.setdefault(gpu_type, [])
+        index_end = _Horizon(index, ends).earliest(option)
+        start = ends[index_end][0] if index_end >= 0 else float("inf")
         if job.weight * (start - now) <= loss:
             return None
         moves = []

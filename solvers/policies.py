@@ -133,7 +133,8 @@ class FrenzyPolicy(_Base):
         self._ratios: dict[tuple[str, str], dict[int, float]] = {}
         """Per (model, GPU type): measured / predicted step time per GPU count."""
         self._stopping: set[str] = set()
-        self._estimated: dict[str, float] = {}
+        self._unmeasured: dict[str, float] = {}
+        """Runs started whose speed the policy has not measured yet (job -> start)."""
 
     def attach(self, sim: Simulator) -> None:
         super().attach(sim)
@@ -227,7 +228,6 @@ class FrenzyPolicy(_Base):
         assert self.state is not None and self.sim is not None
         last = self.sim.jobs[job.id].segments[-1]
         self._learn(job, last.gpu_type, last.num_gpus)
-        self._estimated.pop(job.id, None)
         if job.id in self._stopping:  # a move of this policy's: released and enqueued already
             self._stopping.discard(job.id)
             return
@@ -246,17 +246,20 @@ class FrenzyPolicy(_Base):
     def _refresh(self, now: float) -> None:
         """Running jobs' estimated ends from their measured speed and progress (class docstring)."""
         assert self.state is not None and self.sim is not None
-        for job_id, state in self.sim.running.items():
-            option = state.option
-            if option is None or job_id not in self.state.by_job:
+        # A run's speed is measured once it progresses; with the truth fixed per run, its end follows from
+        # that once, so only runs not yet measured are looked at.
+        for job_id in list(self._unmeasured):
+            state = self.sim.running.get(job_id)
+            option = None if state is None else state.option
+            if state is None or option is None or job_id not in self.state.by_job:
+                del self._unmeasured[job_id]
                 continue
             seen = self._learn(state.job, option.gpu_type, option.num_gpus)
             if seen is None:
                 continue
+            del self._unmeasured[job_id]
             end = max(state.progress_from_s, now) + self._remaining_now(job_id, now) * seen
-            if self._estimated.get(job_id) != end:
-                self._estimated[job_id] = end
-                self.state.update_end(job_id, end)
+            self.state.update_end(job_id, end)
 
     def _options_now(self, job_id: str) -> tuple[Option, ...]:
         assert self.sim is not None
@@ -277,7 +280,6 @@ class FrenzyPolicy(_Base):
                     continue
                 remaining = self._remaining_now(move.job, now)
                 self._stopping.add(move.job)
-                self._estimated.pop(move.job, None)
                 stops.append(Stop(job=move.job))
                 self._enqueue(self.sim.jobs[move.job].job, remaining, move.max_duration_s)
             if moves:
@@ -286,6 +288,7 @@ class FrenzyPolicy(_Base):
         for a in assignments:
             originals = self._options.pop(a.job)
             actions.append(Start(job=a.job, option=originals[id(a.option)], nodes=a.nodes))
+            self._unmeasured[a.job] = now
             if self.preempt:
                 job = self.sim.jobs[a.job]
                 restart = job.job.restart_s if job.starts else job.job.startup_s
