@@ -137,6 +137,7 @@ def demo(
             seen: dict[str, str] = {}
             submitted_at: dict[str, float] = {}
             ended_at: dict[str, float] = {}
+            attempt: dict[str, int] = {}
             queued_s: dict[str, float] = {}  # time each job spent queued (polled every 0.1 s of wall time)
             last_poll = 0.0
             while True:
@@ -154,9 +155,13 @@ def demo(
                         queued_s[item["id"]] = (
                             queued_s.get(item["id"], 0.0) + now - max(last_poll, submitted_at[item["id"]])
                         )
-                    if item["id"] not in ids or seen.get(item["id"]) == item["state"]:
-                        continue
+                    state, moved = item["state"], attempt.get(item["id"]) != item["attempts"]
+                    if item["id"] not in ids or (seen.get(item["id"]) == state and (state != "running" or not moved)):
+                        continue  # nothing new (a job moved to other GPUs is a new attempt)
+                    if state == "running" and seen.get(item["id"]) == "running":
+                        say(f"[{now / 3600:6.2f} h] moved   {ids[item['id']]:<22} stopped by the HAS and resumed")
                     seen[item["id"]] = item["state"]
+                    attempt[item["id"]] = item["attempts"]
                     name = ids[item["id"]]
                     if item["state"] in ("succeeded", "failed", "cancelled"):
                         ended_at[item["id"]] = now

@@ -65,6 +65,9 @@ PREEMPT_RATIO = 2.0
 # Impatient, a decision plans the wait (estimated start, reservation) of at most this many jobs that cannot
 # start now; the others wait unplanned until the next decision (a bound on its cost with a long queue).
 IMPATIENT_WAITS = 8
+# Impatient, a job that fits now still waits for a busy plan if that costs it less than this fraction of the
+# best plan that fits now (a short wait for much faster GPUs; a design choice, 0 = never wait).
+WAIT_GAIN = 0.5
 # How much one review looks at (a bound on its cost, whatever the queue and the cluster): the first queued jobs
 # in decision order, each one's cheapest plans, and the running jobs with the longest remaining time for growth.
 REVIEW_WAITING = 4
@@ -445,6 +448,7 @@ class GreedyState:
             best: tuple[float, float, Option, tuple[int, ...] | None, int] | None = None
             # Impatient, a job waits only when nothing fits now; once every type holds a reservation, how
             # long it would wait changes no start of this decision (only what :attr:`waiting` says).
+            plan_wait = False
             if self.patient:
                 passes: tuple[bool, ...] = (False,)
             else:
@@ -493,9 +497,11 @@ class GreedyState:
                     cost = weight * (end - now) + used
                     if deadline is not None and end > deadline:
                         cost += LATE_PENALTY * weight * (end - deadline)
-                    if best is None or cost < best[0]:
+                    # impatient: waiting must beat the best plan that fits now by WAIT_GAIN
+                    bar = WAIT_GAIN if nodes is None and best is not None and best[3] is not None else 1.0
+                    if best is None or cost < best[0] * bar:
                         best = (cost, end, option, nodes, index)
-                if best is not None:
+                if best is not None and (not now_only or WAIT_GAIN <= 0.0 or not plan_wait):
                     break  # impatient: something fits now, take the best of that
             if not self.patient and best is not None and best[3] is None:
                 analysed += 1
