@@ -32,7 +32,7 @@ def test_simulate_json_has_the_contract_keys_for_every_policy(capsys: pytest.Cap
         assert all(key in metrics for key in POLICY_KEYS)
         assert metrics["num_finished"] == metrics["num_jobs"] == 6
         assert metrics["p50_jct_s"] <= metrics["p99_jct_s"] <= metrics["makespan_s"]
-    assert payload["policies"]["optimal"]["avg_jct_s"] <= payload["policies"]["frenzy"]["avg_jct_s"] * 1.001
+    # (optimal against the non-preemptive HAS: tests/test_simulator.py; frenzy here preempts, so may beat it)
     assert set(payload["versus_frenzy"]) == {"fifo", "sia", "gavel", "optimal"}
 
 

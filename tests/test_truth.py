@@ -100,11 +100,10 @@ def _jobs(topology: Topology) -> list[SimJob]:
 
 # --- model truth: the results from before truths existed ----------------------------------------------
 
-# The four online policies on `_jobs` with the code of commit a65d0af, before the simulator had a truth
+# Three online policies on `_jobs` with the code of commit a65d0af, before the simulator had a truth
 # (captured with that commit's Simulator; optimal is left out: CP-SAT's tie-breaking between equally good
-# schedules may differ between runs).
+# schedules may differ between runs; frenzy too: its HAS has changed since, issue 12).
 BEFORE_TRUTH = {
-    "frenzy": (614.914073899611, 1735.0227440041836, 2444.335955145015, 0),
     "fifo": (1425.070450452935, 2915.3922823215757, 3592.6290234903363, 0),
     "sia": (1028.8793245085633, 1652.3292603027555, 2314.2082230594215, 24),
     "gavel": (1636.1717773320745, 3561.687798874369, 4336.0, 12),
@@ -118,10 +117,11 @@ def _run(name: str, truth: Truth | None = None, topology: Topology | None = None
     return result
 
 
-@pytest.mark.parametrize("name", sorted(BEFORE_TRUTH))
+@pytest.mark.parametrize("name", [*sorted(BEFORE_TRUTH), "frenzy"])
 def test_model_truth_reproduces_the_results_from_before_truths_existed(name: str) -> None:
     m = _run(name).metrics()
-    assert (m["avg_jct_s"], m["p99_jct_s"], m["makespan_s"], m["restarts"]) == BEFORE_TRUTH[name]
+    if name in BEFORE_TRUTH:
+        assert (m["avg_jct_s"], m["p99_jct_s"], m["makespan_s"], m["restarts"]) == BEFORE_TRUTH[name]
     assert _run(name, ModelTruth()).metrics()["avg_jct_s"] == m["avg_jct_s"]
 
 
@@ -191,10 +191,11 @@ def test_frenzy_pays_for_a_truth_slower_than_its_predictions() -> None:
     twice = NoisyTruth(seed=0, residuals=(math.log(2.0),))
     model, slow = _run("frenzy").metrics(), _run("frenzy", twice).metrics()
     assert float(slow["avg_jct_s"]) > 1.5 * float(model["avg_jct_s"])
-    # The A100s are 4x slower than predicted: frenzy still sends jobs there, frenzy told the truth does not.
+    # The A100s are 4x slower than predicted: frenzy still sends jobs there until it has measured them (then
+    # moves them: it pays less than the 20 % it did before it learnt), frenzy told the truth does not.
     truth = _SlowType(A100, 4.0)
     fooled, told = _run("frenzy", truth), _run("frenzy-oracle", truth)
-    assert float(fooled.metrics()["avg_jct_s"]) > 1.2 * float(told.metrics()["avg_jct_s"])
+    assert float(fooled.metrics()["avg_jct_s"]) > 1.05 * float(told.metrics()["avg_jct_s"])
     seg = next(seg for state in fooled.jobs.values() for seg in state.segments if seg.gpu_type == A100)
     job = fooled.jobs[seg.job].job
     assert seg.step_s == pytest.approx(4.0 * job.step_s(job.per_count[(A100, seg.num_gpus)]))
