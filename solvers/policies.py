@@ -174,8 +174,11 @@ class FrenzyPolicy(_Base):
             ratios[num_gpus] = ratio
         return seen
 
-    def _scaled(self, job: SimJob, remaining: float, max_duration_s: float = math.inf) -> dict[int, Option]:
-        """The job's options for ``remaining`` steps (restart included), Pareto per type, thinned."""
+    def _scaled(
+        self, job: SimJob, remaining: float, max_duration_s: float = math.inf
+    ) -> tuple[tuple[Option, ...], dict[int, Option]]:
+        """The job's options for ``remaining`` steps (restart included), Pareto per type, thinned; and the
+        one-step option each came from, by the scaled option's id."""
         assert self.sim is not None
         state = self.sim.jobs[job.id]
         restart = job.restart_s if state.starts else job.startup_s
@@ -197,13 +200,12 @@ class FrenzyPolicy(_Base):
         if max_duration_s < math.inf:
             shorter = tuple(o for o in chosen if o.duration_s < max_duration_s)
             chosen = shorter or chosen
-        return {id(o): originals[id(o)] for o in chosen} | {-1 - i: o for i, o in enumerate(chosen)}
+        # Last first: the order the reports in benchmarks/results were measured with (ties keep it).
+        return tuple(reversed(chosen)), {id(o): originals[id(o)] for o in chosen}
 
     def _enqueue(self, job: SimJob, remaining: float, max_duration_s: float = math.inf) -> None:
         assert self.state is not None
-        mapping = self._scaled(job, remaining, max_duration_s)
-        scaled = tuple(o for k, o in sorted(mapping.items()) if k < 0)
-        self._options[job.id] = {k: o for k, o in mapping.items() if k >= 0}
+        scaled, self._options[job.id] = self._scaled(job, remaining, max_duration_s)
         self.state.queue[job.id] = ProblemJob(
             id=job.id,
             arrival_s=job.arrival_s,
@@ -264,8 +266,7 @@ class FrenzyPolicy(_Base):
     def _options_now(self, job_id: str) -> tuple[Option, ...]:
         assert self.sim is not None
         job = self.sim.jobs[job_id].job
-        mapping = self._scaled(job, self._remaining_now(job_id, self.sim.now))
-        return tuple(o for k, o in sorted(mapping.items()) if k < 0)
+        return self._scaled(job, self._remaining_now(job_id, self.sim.now))[0]
 
     def decide(self, now: float) -> list[Action]:
         assert self.state is not None and self.sim is not None
