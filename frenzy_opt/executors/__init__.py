@@ -7,7 +7,17 @@ a restart. Executors: ``simulated`` (:mod:`frenzy_opt.executors.simulated`, time
 default), ``local`` (:mod:`frenzy_opt.executors.local`, torchrun processes running
 :mod:`frenzy_opt.train`) and ``ray`` (:mod:`frenzy_opt.executors.ray`, a placement group and one actor per
 rank; ``RAY_ADDRESS`` names the cluster). Optional methods: ``supports(plan, arch)`` (the planner then
-offers only plans the executor can run) and ``adopt(job_id, attempt, on_exit)`` (watch a run that survived a restart).
+offers only plans the executor can run) and ``adopt(job_id, attempt, on_exit)`` (take over a run that survived
+a restart).
+
+Recovery contract (the orchestrator's ``recover()``): after a restart it calls :meth:`Executor.running` and,
+for every active job in it, ``adopt(job_id, attempt, on_exit)``; any other active job is retried as lost.
+So ``running()`` lists the jobs whose processes are alive *and* those that finished while the service was
+down (the local executor: a report ending with the worker's ``end`` record, whatever the exit). ``adopt``
+registers the run as if this executor had launched it — its devices are taken and :meth:`Executor.cancel`
+and :meth:`Executor.shutdown` stop it — and reports its end through ``on_exit`` (from any thread; at once for
+a run that already ended): ``ok=True`` with the measured summary when the run's own record says it
+completed, else ``ok=False`` with the cause.
 """
 
 from __future__ import annotations

@@ -12,8 +12,12 @@ Each attempt runs in ``WORKDIR/<job>/``: ``job.json`` and ``plan.json`` for the 
 ``pids`` and ``checkpoints/`` (kept across attempts: a retry resumes from the newest complete checkpoint).
 When every process has ended the attempt ends: success if all exited 0, else failure with the first
 failing rank's exit code and the last lines of its log. A cancel stops the process groups (SIGTERM, then
-SIGKILL after ``grace_s``). The executor also survives an orchestrator restart: :meth:`running` reads the
-pid files of live process groups and :meth:`adopt` watches them again.
+SIGKILL after ``grace_s``). The executor also survives an orchestrator restart: ``pids`` records the
+attempt, its process groups and the devices it holds; :meth:`running` lists the jobs whose groups are alive
+and those whose report ends with the worker's ``end`` record (finished while the service was down), and
+:meth:`adopt` registers such a run as if this executor had started it — its devices taken in the ledger, its
+groups stopped by :meth:`cancel` and :meth:`shutdown` — and reports its end from the report (at once for a
+run that already finished).
 """
 
 from __future__ import annotations
@@ -70,7 +74,8 @@ def prepare_run(workdir: Path, launch: Launch, max_steps: int | None) -> tuple[P
 
 @dataclass(slots=True)
 class _Attempt:
-    launch: Launch
+    job_id: str
+    attempt: int
     on_exit: OnExit
     on_report: OnReport | None
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
@@ -137,7 +142,7 @@ class LocalExecutor:
     def launch(self, launch: Launch, on_exit: OnExit, on_report: OnReport | None = None) -> None:
         job_dir, steps = prepare_run(self.workdir, launch, self.max_steps)
         report = job_dir / "report.jsonl"
-        attempt = _Attempt(launch=launch, on_exit=on_exit, on_report=on_report)
+        attempt = _Attempt(job_id=launch.job_id, attempt=launch.attempt, on_exit=on_exit, on_report=on_report)
         cuda = not self.cpu and _cuda_count() > 0
         nnodes = len(launch.nodes)
         port = _free_port()
@@ -167,7 +172,8 @@ class LocalExecutor:
                 attempt.procs.append(proc)
                 attempt.pgids.append(proc.pid)
             self._attempts[launch.job_id] = attempt
-        (job_dir / "pids").write_text(json.dumps({"attempt": launch.attempt, "pgids": attempt.pgids}), encoding="utf-8")
+        pids = {"attempt": launch.attempt, "pgids": attempt.pgids, "devices": attempt.devices}
+        (job_dir / "pids").write_text(json.dumps(pids), encoding="utf-8")
         threading.Thread(target=self._watch, args=(attempt, report, log), daemon=True).start()
 
     def cancel(self, job_id: str) -> None:
@@ -179,32 +185,49 @@ class LocalExecutor:
             self._stop(attempt.pgids)
 
     def running(self) -> set[str]:
-        """Jobs with a live process group: those this executor started, and those whose pid files (from an
-        earlier orchestrator process) name live groups."""
-        alive = set()
+        """Jobs to adopt after a restart: those whose pid files (this process's or an earlier one's) name a
+        live process group, and those whose groups are gone but whose report ends with the worker's ``end``
+        record (they finished while the service was down; :meth:`adopt` reports their end at once). A run
+        that died without an ``end`` record is not listed: the orchestrator retries it."""
+        found = set()
         for pid_file in self.workdir.glob("*/pids"):
-            try:
-                pgids = json.loads(pid_file.read_text(encoding="utf-8"))["pgids"]
-            except (OSError, ValueError, KeyError):
+            record = _pid_record(pid_file)
+            if record is None:
                 continue
-            if any(_alive(p) for p in pgids):
-                alive.add(pid_file.parent.name)
-        return alive
+            if any(_alive(p) for p in record["pgids"]) or _ended(_read(pid_file.parent / "report.jsonl")):
+                found.add(pid_file.parent.name)
+        return found
 
     def adopt(self, job_id: str, attempt: int, on_exit: OnExit) -> None:
-        """Watch again the processes of a job started before a restart; its end is read from its report."""
+        """Take over attempt ``attempt`` of a job started before a restart (listed by :meth:`running`).
+
+        The run is registered like one this executor launched: its devices are marked used, and
+        :meth:`cancel` and :meth:`shutdown` stop its process groups. Its end comes through ``on_exit`` from
+        a watcher thread — at once when its groups are already gone — and is read from its report: ok with
+        the measured summary when the report ends with the worker's ``end`` record, else a failure naming
+        the cause. A run folder holding another attempt than ``attempt`` ends as a failure at once."""
         job_dir = self.workdir / job_id
-        pgids = json.loads((job_dir / "pids").read_text(encoding="utf-8"))["pgids"]
+        record = _pid_record(job_dir / "pids")
+        adopted = _Attempt(job_id=job_id, attempt=attempt, on_exit=on_exit, on_report=None)
+        if record is None or record["attempt"] != attempt:
+            found = "no readable pid file" if record is None else f"attempt {record['attempt']}"
+            cause = f"adopt: the run folder {job_dir} holds {found}, not attempt {attempt}"
+            threading.Thread(
+                target=on_exit, args=(job_id, attempt, ExitInfo(ok=False, cause=cause)), daemon=True
+            ).start()
+            return
+        adopted.pgids = list(record["pgids"])
+        with self._lock:
+            for node, devices in record["devices"].items():
+                self._devices_used.setdefault(node, set()).update(devices)
+                adopted.devices[node] = list(devices)
+            self._attempts[job_id] = adopted
+        threading.Thread(target=self._watch_adopted, args=(adopted, job_dir / "report.jsonl"), daemon=True).start()
 
-        def watch() -> None:
-            while any(_alive(p) for p in pgids):
-                time.sleep(0.5)
-            records = _read(job_dir / "report.jsonl")
-            ended = any(r.get("event") == "end" for r in records)
-            cause = "" if ended else "processes ended without the worker's end report (adopted after a restart)"
-            on_exit(job_id, attempt, ExitInfo(ok=ended, cause=cause, measured=summarize(records)))
-
-        threading.Thread(target=watch, daemon=True).start()
+    def devices_in_use(self) -> dict[str, set[int]]:
+        """CUDA device indices held per node, by runs this executor launched or adopted."""
+        with self._lock:
+            return {node: set(used) for node, used in self._devices_used.items() if used}
 
     def shutdown(self) -> None:
         with self._lock:
@@ -221,6 +244,26 @@ class LocalExecutor:
         used.update(free)
         return free
 
+    def _release_attempt(self, attempt: _Attempt) -> None:
+        with self._lock:
+            if self._attempts.get(attempt.job_id) is attempt:
+                del self._attempts[attempt.job_id]
+            for node, devices in attempt.devices.items():
+                self._devices_used[node].difference_update(devices)
+
+    def _watch_adopted(self, attempt: _Attempt, report: Path) -> None:
+        """An adopted run's groups are not our children: liveness from signal 0, the outcome from the
+        report's ``end`` record (exit codes are lost with the process that started them)."""
+        while any(_alive(p) for p in attempt.pgids):
+            time.sleep(0.2)
+        self._release_attempt(attempt)
+        if attempt.cancelled:
+            return
+        records = _read(report)
+        ended = _ended(records)
+        cause = "" if ended else "adopted after a restart: its processes ended without the worker's end record"
+        attempt.on_exit(attempt.job_id, attempt.attempt, ExitInfo(ok=ended, cause=cause, measured=summarize(records)))
+
     def _watch(self, attempt: _Attempt, report: Path, log: Any) -> None:
         seen = 0
         records: list[dict[str, Any]] = []
@@ -231,32 +274,26 @@ class LocalExecutor:
             records += fresh
             if attempt.on_report is not None:
                 for record in fresh:
-                    attempt.on_report(attempt.launch.job_id, attempt.launch.attempt, record)
+                    attempt.on_report(attempt.job_id, attempt.attempt, record)
             if done:
                 break
             if any(p.returncode not in (None, 0) for p in attempt.procs):
                 self._stop(attempt.pgids)  # one node failed: stop the others, which would wait forever
             time.sleep(0.2)
         log.close()
-        with self._lock:
-            if self._attempts.get(attempt.launch.job_id) is attempt:
-                del self._attempts[attempt.launch.job_id]
-            for node, devices in attempt.devices.items():
-                self._devices_used[node].difference_update(devices)
+        self._release_attempt(attempt)
         if attempt.cancelled:
             return
         codes = [p.returncode for p in attempt.procs]
         measured = summarize(records)
         if all(code == 0 for code in codes):
-            attempt.on_exit(attempt.launch.job_id, attempt.launch.attempt, ExitInfo(ok=True, measured=measured))
+            attempt.on_exit(attempt.job_id, attempt.attempt, ExitInfo(ok=True, measured=measured))
             return
         job_dir = report.parent
-        tail = _tail(job_dir / f"attempt-{attempt.launch.attempt}.log")
+        tail = _tail(job_dir / f"attempt-{attempt.attempt}.log")
         failing = next(i for i, code in enumerate(codes) if code != 0)
         cause = f"node {failing} (torchrun) exited with code {codes[failing]}: {tail}"
-        attempt.on_exit(
-            attempt.launch.job_id, attempt.launch.attempt, ExitInfo(ok=False, cause=cause, measured=measured)
-        )
+        attempt.on_exit(attempt.job_id, attempt.attempt, ExitInfo(ok=False, cause=cause, measured=measured))
 
     def _stop(self, pgids: list[int]) -> None:
         """SIGTERM each torchrun agent (it stops its ranks), then SIGKILL agents and ranks left after the
@@ -282,6 +319,22 @@ def _read(path: Path) -> list[dict[str, Any]]:
         except ValueError:
             break  # a line being written
     return out
+
+
+def _ended(records: list[dict[str, Any]]) -> bool:
+    """Whether a report ends with the worker's ``end`` record (written after the last step, :mod:`frenzy_opt.train`)."""
+    return bool(records) and records[-1].get("event") == "end"
+
+
+def _pid_record(path: Path) -> dict[str, Any] | None:
+    """A run folder's ``pids`` file: ``attempt``, ``pgids`` and ``devices`` (node -> CUDA indices; empty in
+    files written before devices were recorded), or None when missing or unreadable."""
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        devices = {str(n): [int(d) for d in ds] for n, ds in (record.get("devices") or {}).items()}
+        return {"attempt": int(record["attempt"]), "pgids": [int(p) for p in record["pgids"]], "devices": devices}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
 
 
 def _tail(path: Path, lines: int = 3) -> str:
