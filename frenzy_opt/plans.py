@@ -22,7 +22,7 @@ from __future__ import annotations
 import functools
 import itertools
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -84,6 +84,9 @@ class Plan:
     memory_risk: bool = False
     """Admitted on the user's word: the job pins its whole layout, its predicted tensors fit, but the upper
     bound of the footprint plus the headroom exceeds the GPU (the run may go out of memory)."""
+    num_micro_batches: int | None = None
+    """Micro-batches per step and data-parallel rank, ``global_batch / (micro_batch x dp)`` (set by
+    :func:`enumerate_plans`; None for plans made elsewhere). Not serialised: it follows from the job."""
 
     @property
     def headroom_bytes(self) -> int:
@@ -309,8 +312,13 @@ def enumerate_plans(
     prune: bool = True,
     fit: MemoryFit = SHIPPED_FIT,
     headroom: float | None = None,
+    plan_filter: Callable[[Plan], bool] | None = None,
 ) -> PlanSearch:
     """Every memory-feasible plan of ``job`` on each GPU type of ``cluster``, ranked (see :func:`rank_plans`).
+
+    ``plan_filter`` (e.g. what an executor can run) keeps only the plans it accepts, and it is applied
+    before the dominance rules (module docstring) discard anything: a candidate whose plans it refuses is
+    replaced by the first candidate those rules set aside for it that it accepts (:func:`dominated`).
 
     GPU types that run the job at the same precision, with the same node size and GPU count, share one
     search. Memory never grows with dp at dp >= 2 (ZeRO shards shrink, fewer micro-batches are in flight,
@@ -331,86 +339,179 @@ def enumerate_plans(
         precision = effective_precision(gpu, job.training.precision).replace("fp16", "bf16")
         key = (precision, cluster.gpus_per_node_of(gpu.name), cluster.num_gpus_of(gpu.name), attention_on(gpu, job))
         groups.setdefault(key, []).append(gpu)
-    plans: list[Plan] = []
-    min_device: int | None = None
-    evaluated = 0
     if headroom is None:
         headroom = job.training.memory_headroom
     if headroom is None:
         headroom = fit.headroom_fraction
     check_headroom("headroom", headroom)
-    # A job that pins its whole layout is a configuration the user runs: it is refused only when its
-    # predicted tensors alone (the allocated peak) exceed the GPU, and flagged ``memory_risk`` when the upper
-    # bound plus headroom does not fit (MARP's bound is conservative by design, docs/marp-validation.md).
-    user_layout = {*PARALLEL_FIELDS, "micro_batch_size"} <= job.pinned
+    tally = _Tally()
+    plans: list[Plan] = []
     for (precision, gpus_per_node, max_gpus, attention), gpus in groups.items():
-        base = replace(
-            job,
-            training=replace(job.training, precision=precision),
-            parallel=replace(job.parallel, attention=attention),
-        )
-        cache = _PeakCache(job.model, base.training)
-        labels = {gpu.name: effective_precision(gpu, job.training.precision) for gpu in gpus}
-        capacity = max(gpu.memory_bytes for gpu in gpus)
-        by_link = _by_link(gpus)
-        links = {gpu.name: links_for(cluster, gpu.name) for gpu in gpus}
+        group = _Group(job, gpus, precision, attention, cluster, cuda=cuda, step_model=step_model, fit=fit)
         for shape in _shapes(job, gpus_per_node, max_gpus):
             # Feasibility search: nothing above the largest GPU matters. Minimum search (no plan anywhere):
             # nothing above the least footprint found so far does (branch and bound).
-            limit = capacity if prune else (min_device if min_device is not None else sys.maxsize)
+            limit = group.capacity if prune else (tally.min_device if tally.min_device is not None else sys.maxsize)
             dps = _dp_choices(job, shape, max_gpus)
-            if not dps or _lower_bound(base, shape, dps[0]) > limit:
+            if not dps or _lower_bound(group.base, shape, dps[0]) > limit:
                 continue
             exhausted = False
             for dp in dps:
                 if exhausted and dp >= 2:
                     continue
-                fits_before = len(plans)
-                for parallel in _configs_at(base, shape, dp):
-                    allocated = cache.allocated(parallel, shape.micro_batch_size, limit)
-                    evaluated += 1
-                    terms = None
-                    for link_gpus in by_link:
-                        reserved, used = cuda_totals(allocated, parallel, cuda, link_gpus[0])
-                        used_upper = upper_bytes(used, "device_used", fit)
-                        min_device = used_upper if min_device is None else min(min_device, used_upper)
-                        for gpu in link_gpus:  # largest memory first
-                            required = int(headroom * gpu.memory_bytes)
-                            risky = used_upper + required > gpu.memory_bytes
-                            if risky and not (user_layout and allocated <= gpu.memory_bytes):
-                                break
-                            if terms is None:
-                                terms = step_terms_of(job.model, cache.training(shape.micro_batch_size), parallel)
-                            seconds = terms.evaluate(gpu, links[gpu.name], step_model).total_s
-                            low, high = step_model.band(seconds, gpu.architecture)
-                            plans.append(
-                                Plan(
-                                    gpu_type=gpu.name,
-                                    num_gpus=parallel.num_gpus,
-                                    parallel=parallel,
-                                    micro_batch_size=shape.micro_batch_size,
-                                    precision=labels[gpu.name],
-                                    peak_allocated_bytes=allocated,
-                                    peak_reserved_bytes=reserved,
-                                    device_used_bytes=used,
-                                    capacity_bytes=gpu.memory_bytes,
-                                    step_time_s=seconds,
-                                    est_runtime_s=seconds * job.training.train_steps,
-                                    peak_allocated_upper_bytes=upper_bytes(allocated, "max_allocated", fit),
-                                    peak_reserved_upper_bytes=upper_bytes(reserved, "max_reserved", fit),
-                                    device_used_upper_bytes=used_upper,
-                                    required_headroom_bytes=required,
-                                    step_time_p10_s=low,
-                                    step_time_p90_s=high,
-                                    memory_risk=risky,
-                                )
-                            )
-                exhausted = len(plans) == fits_before
+                fitted = False
+                for parallel in _configs_at(group.base, shape, dp):
+                    found = group.plans_of(parallel, shape.micro_batch_size, limit, headroom, tally)
+                    fitted = fitted or bool(found)
+                    plans += _accepted(
+                        found, parallel, shape.micro_batch_size, limit, headroom, tally, group, plan_filter
+                    )
+                exhausted = not fitted  # memory only: a filter's refusals say nothing about smaller dp
     if not plans and prune:
         # Nothing fits: search again for the least memory per GPU any configuration needs (for the error),
         # bounding by the best footprint found instead of the GPU's capacity.
-        return enumerate_plans(job, cluster, cuda=cuda, prune=False, fit=fit, headroom=headroom)
-    return PlanSearch(plans=rank_plans(plans), min_device_bytes=min_device, num_evaluated=evaluated)
+        return enumerate_plans(
+            job,
+            cluster,
+            cuda=cuda,
+            step_model=step_model,
+            prune=False,
+            fit=fit,
+            headroom=headroom,
+            plan_filter=plan_filter,
+        )
+    return PlanSearch(plans=rank_plans(plans), min_device_bytes=tally.min_device, num_evaluated=tally.evaluated)
+
+
+@dataclass(slots=True)
+class _Tally:
+    """What a search counts across its GPU groups: the least upper-bound footprint seen and the candidates
+    evaluated."""
+
+    min_device: int | None = None
+    evaluated: int = 0
+
+
+class _Group:
+    """GPU types that share one search (same precision, node size, GPU count and attention kernel), and how
+    a candidate becomes their plans."""
+
+    def __init__(
+        self,
+        job: JobSpec,
+        gpus: list[GpuType],
+        precision: str,
+        attention: str,
+        cluster: ClusterSpec,
+        *,
+        cuda: CudaTerms | None,
+        step_model: StepTimeModel,
+        fit: MemoryFit,
+    ) -> None:
+        self.job = job
+        self.base = replace(
+            job,
+            training=replace(job.training, precision=precision),
+            parallel=replace(job.parallel, attention=attention),
+        )
+        self.cache = _PeakCache(job.model, self.base.training)
+        self.labels = {gpu.name: effective_precision(gpu, job.training.precision) for gpu in gpus}
+        self.capacity = max(gpu.memory_bytes for gpu in gpus)
+        self.by_link = _by_link(gpus)
+        self.links = {gpu.name: links_for(cluster, gpu.name) for gpu in gpus}
+        self.cuda, self.step_model, self.fit = cuda, step_model, fit
+        # A job that pins its whole layout is a configuration the user runs: it is refused only when its
+        # predicted tensors alone (the allocated peak) exceed the GPU, and flagged ``memory_risk`` when the
+        # upper bound plus headroom does not fit (MARP's bound is conservative by design, docs/marp-validation.md).
+        self.user_layout = {*PARALLEL_FIELDS, "micro_batch_size"} <= job.pinned
+
+    def plans_of(
+        self, parallel: ParallelConfig, micro_batch_size: int, limit: int, headroom: float, tally: _Tally
+    ) -> list[Plan]:
+        """The memory-feasible plans of one candidate on the group's GPU types."""
+        job, fit = self.job, self.fit
+        allocated = self.cache.allocated(parallel, micro_batch_size, limit)
+        tally.evaluated += 1
+        terms = None
+        out = []
+        for link_gpus in self.by_link:
+            reserved, used = cuda_totals(allocated, parallel, self.cuda, link_gpus[0])
+            used_upper = upper_bytes(used, "device_used", fit)
+            tally.min_device = used_upper if tally.min_device is None else min(tally.min_device, used_upper)
+            for gpu in link_gpus:  # largest memory first
+                required = int(headroom * gpu.memory_bytes)
+                risky = used_upper + required > gpu.memory_bytes
+                if risky and not (self.user_layout and allocated <= gpu.memory_bytes):
+                    break
+                if terms is None:
+                    terms = step_terms_of(job.model, self.cache.training(micro_batch_size), parallel)
+                seconds = terms.evaluate(gpu, self.links[gpu.name], self.step_model).total_s
+                low, high = self.step_model.band(seconds, gpu.architecture)
+                out.append(
+                    Plan(
+                        gpu_type=gpu.name,
+                        num_gpus=parallel.num_gpus,
+                        parallel=parallel,
+                        micro_batch_size=micro_batch_size,
+                        precision=self.labels[gpu.name],
+                        peak_allocated_bytes=allocated,
+                        peak_reserved_bytes=reserved,
+                        device_used_bytes=used,
+                        capacity_bytes=gpu.memory_bytes,
+                        step_time_s=seconds,
+                        est_runtime_s=seconds * job.training.train_steps,
+                        peak_allocated_upper_bytes=upper_bytes(allocated, "max_allocated", fit),
+                        peak_reserved_upper_bytes=upper_bytes(reserved, "max_reserved", fit),
+                        device_used_upper_bytes=used_upper,
+                        required_headroom_bytes=required,
+                        step_time_p10_s=low,
+                        step_time_p90_s=high,
+                        memory_risk=risky,
+                        num_micro_batches=job.training.global_batch_size // (micro_batch_size * parallel.dp),
+                    )
+                )
+        return out
+
+
+def _accepted(
+    found: list[Plan],
+    parallel: ParallelConfig,
+    micro_batch_size: int,
+    limit: int,
+    headroom: float,
+    tally: _Tally,
+    group: _Group,
+    plan_filter: Callable[[Plan], bool] | None,
+) -> list[Plan]:
+    """The plans of one candidate that ``plan_filter`` accepts. When it refuses every one, the candidates the
+    dominance rules set aside in its favour (:func:`dominated`) are tried in order and the first one with an
+    accepted plan stands in (an executor that cannot run Megatron's distributed optimizer or sequence
+    parallelism with a layout still gets that layout without them)."""
+    if plan_filter is None:
+        return found
+    accepted = [plan for plan in found if plan_filter(plan)]
+    if accepted or not found:
+        return accepted
+    for alternative in dominated(group.job, parallel):
+        accepted = [p for p in group.plans_of(alternative, micro_batch_size, limit, headroom, tally) if plan_filter(p)]
+        if accepted:
+            return accepted
+    return []
+
+
+def dominated(job: JobSpec, parallel: ParallelConfig) -> list[ParallelConfig]:
+    """The configurations the two dominance rules (module docstring) set aside in favour of ``parallel``,
+    closest first: sequence parallelism off, the distributed optimizer off (ZeRO 0), both. Pinned fields
+    stay as pinned."""
+    flips: list[dict[str, Any]] = []
+    if parallel.sequence_parallel and parallel.tp > 1 and "sequence_parallel" not in job.pinned:
+        flips.append({"sequence_parallel": False})
+    zero_allowed = 0 in ZERO_STAGES_BY_RUNTIME[job.training.runtime]
+    if parallel.zero_stage == 1 and parallel.dp > 1 and "zero_stage" not in job.pinned and zero_allowed:
+        flips.append({"zero_stage": 0})
+    if len(flips) == 2:
+        flips.append({**flips[0], **flips[1]})
+    return [replace(parallel, **flip) for flip in flips]
 
 
 def attention_on(gpu: GpuType, job: JobSpec) -> str:

@@ -184,9 +184,10 @@ class OptionCache:
         found = self._searches.get(key)
         if found is None:
             one_step = replace(spec, name="", training=replace(t, train_steps=1))
-            plans = enumerate_plans(one_step, self.cluster, step_model=self.step_model).plans
-            if self.plan_filter is not None:
-                plans = [p for p in plans if self.plan_filter(p, spec)]
+            keep = self.plan_filter
+            # The filter runs inside the search, before its dominance rules prune (enumerate_plans).
+            accept = None if keep is None else (lambda plan: keep(plan, spec))
+            plans = enumerate_plans(one_step, self.cluster, step_model=self.step_model, plan_filter=accept).plans
             per_count = best_per_count(plans, self.topology, round_up=False)
             cap = spec.scheduling.max_gpus
             if cap is not None:

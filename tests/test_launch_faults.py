@@ -127,3 +127,82 @@ def test_adopting_another_attempt_than_the_run_folder_holds_fails_at_once(tmp_pa
     assert exits.done.wait(5)
     ((_, attempt, info),) = exits.calls
     assert attempt == 2 and not info.ok and "holds attempt 1, not attempt 2" in info.cause
+
+
+# --- what the planner offers the local executor -----------------------------------------------------------
+
+TINY = {
+    "name": "tiny",
+    "model": {"num_layers": 4, "hidden_size": 64, "ffn_hidden_size": 128, "num_attention_heads": 4,
+              "num_kv_heads": 2, "vocab_size": 256, "mlp": "swiglu", "norm": "rmsnorm", "tied_embeddings": False},
+    "training": {"seq_len": 32, "micro_batch_size": 2, "global_batch_size": 8, "train_steps": 4, "precision": "fp32"},
+}  # fmt: skip
+
+
+def _local_options(job: dict[str, Any]) -> list[Any]:
+    from frenzy_opt.problem import OptionCache
+    from frenzy_opt.scenario import load_cluster_ref
+    from frenzy_opt.spec import parse_job
+    from frenzy_opt.topology import Topology
+
+    cluster = load_cluster_ref("local-4slot")
+    executor = LocalExecutor(Path("unused-runs"))
+    spec = parse_job(job)
+    cache = OptionCache(cluster, Topology(cluster), plan_filter=lambda plan, s: executor.supports(plan, s.model))
+    return list(cache.options(spec))
+
+
+def test_a_pinned_dp2_tp2_layout_gets_the_zero0_plan_the_dominance_rule_had_pruned() -> None:
+    """Megatron's distributed optimizer (ZeRO 1) is the planner's choice at dp > 1, and the worker cannot run it
+    with tp > 1: the filter runs before that rule, so the ZeRO-0 layout stands in."""
+    options = _local_options({**TINY, "parallel": {"dp": 2, "tp": 2}})
+    assert options, "no plan the local executor can run"
+    for option in options:
+        p = option.plan.parallel
+        assert (p.dp, p.tp, p.zero_stage) == (2, 2, 0)
+
+
+@pytest.mark.parametrize("runtime", ["megatron", "fsdp2", "deepspeed"])
+def test_every_plan_offered_to_the_local_executor_is_one_the_worker_accepts(runtime: str) -> None:
+    """The worker's refusals (train.check_plan, and torch's 1F1B needing at least pp micro-batches) against
+    what the planner offers through the executor's filter, for every pipeline depth the tiny job allows."""
+    from frenzy_opt.executors.local import worker_supports
+    from frenzy_opt.plans import enumerate_plans
+    from frenzy_opt.scenario import load_cluster_ref
+    from frenzy_opt.spec import parse_job
+    from frenzy_opt.train import check_plan
+
+    for pp in (2, 4):
+        job = {**TINY, "training": {**TINY["training"], "runtime": runtime}, "parallel": {"pp": pp}}
+        spec = parse_job(job)
+        unfiltered = enumerate_plans(spec, load_cluster_ref("local-4slot")).plans
+        assert any((p.num_micro_batches or 0) < pp for p in unfiltered)  # the planner alone offers them
+        for option in _local_options(job):
+            plan = option.plan
+            assert worker_supports(plan.parallel, spec.model, plan.num_micro_batches) is None
+            micro = check_plan(spec, plan.parallel, plan.micro_batch_size, plan.num_gpus)
+            assert micro == plan.num_micro_batches and micro >= plan.parallel.pp
+
+
+def test_fewer_micro_batches_than_pipeline_stages_are_refused_with_the_reason() -> None:
+    from frenzy_opt.executors.local import worker_supports
+    from frenzy_opt.spec import ParallelConfig, parse_job
+
+    arch = parse_job(TINY).model
+    why = worker_supports(ParallelConfig(dp=2, pp=2, zero_stage=3), arch, num_micro_batches=1)
+    assert why is not None and "pp=2 with 1 micro-batch" in why
+    assert worker_supports(ParallelConfig(dp=2, pp=2, zero_stage=3), arch, num_micro_batches=2) is None
+
+
+@pytest.mark.slow
+def test_frenzy_launch_trains_a_pinned_dp2_tp2_layout_on_the_cpu_slots(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from frenzy_opt.cli import main
+
+    spec = tmp_path / "tiny.json"
+    spec.write_text(json.dumps({**TINY, "parallel": {"dp": 2, "tp": 2}}), encoding="utf-8")
+    code = main(["launch", str(spec), "--cluster", "local-4slot", "--steps", "3", "--workdir", str(tmp_path), "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["state"] == "succeeded", out["cause"]
+    assert (out["plan"]["parallel"]["dp"], out["plan"]["parallel"]["tp"]) == (2, 2) and out["steps_run"] == 3

@@ -43,8 +43,15 @@ from frenzy_opt.plans import Plan
 from frenzy_opt.spec import ParallelConfig
 
 
-def worker_supports(parallel: ParallelConfig, arch: ModelArch) -> str | None:
-    """Why the training worker cannot run this plan, or None if it can (mirrors ``train.check_plan``)."""
+def worker_supports(parallel: ParallelConfig, arch: ModelArch, num_micro_batches: int | None = None) -> str | None:
+    """Why the training worker cannot run this plan, or None if it can (mirrors ``train.check_plan``).
+
+    ``num_micro_batches`` (per step and dp rank; None: not known) is checked against the pipeline schedule:
+    the worker runs 1F1B through ``torch.distributed.pipelining.Schedule1F1B``, which refuses fewer
+    micro-batches than pipeline stages (its ``__init__``: "Number of microbatches ... must be greater than or
+    equal to the number of stages"); interleaved plans already have a multiple of pp (the planner's rule)."""
+    if num_micro_batches is not None and parallel.pp > 1 and num_micro_batches < parallel.pp:
+        return f"pp={parallel.pp} with {num_micro_batches} micro-batch(es) per step (1F1B needs at least pp)"
     if parallel.cp != 1 or parallel.ep != 1:
         return f"cp={parallel.cp}, ep={parallel.ep}"
     if parallel.sequence_parallel and (parallel.pp > 1 or arch.vocab_size % parallel.tp or arch.tied_embeddings):
@@ -56,6 +63,11 @@ def worker_supports(parallel: ParallelConfig, arch: ModelArch) -> str | None:
     if parallel.zero_stage == 1 and (parallel.tp > 1 or parallel.pp > 1):
         return "zero_stage 1 with tp or pp > 1"
     return None
+
+
+def plan_supported(plan: Plan, arch: ModelArch) -> bool:
+    """The executors' ``supports``: whether the training worker runs ``plan`` (:func:`worker_supports`)."""
+    return worker_supports(plan.parallel, arch, plan.num_micro_batches) is None
 
 
 def prepare_run(workdir: Path, launch: Launch, max_steps: int | None) -> tuple[Path, int]:
@@ -137,7 +149,7 @@ class LocalExecutor:
     # --- the protocol -----------------------------------------------------------------------------------
 
     def supports(self, plan: Plan, arch: ModelArch) -> bool:
-        return worker_supports(plan.parallel, arch) is None
+        return plan_supported(plan, arch)
 
     def launch(self, launch: Launch, on_exit: OnExit, on_report: OnReport | None = None) -> None:
         job_dir, steps = prepare_run(self.workdir, launch, self.max_steps)

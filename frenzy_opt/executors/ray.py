@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from frenzy_opt.executors import ExitInfo, Launch, OnExit, OnReport
-from frenzy_opt.executors.local import prepare_run, summarize, worker_supports
+from frenzy_opt.executors.local import plan_supported, prepare_run, summarize
 from frenzy_opt.models.arch import ModelArch
 from frenzy_opt.plans import Plan
 
@@ -90,7 +90,7 @@ class RayExecutor:
         self._lock = threading.Lock()
 
     def supports(self, plan: Plan, arch: ModelArch) -> bool:
-        return worker_supports(plan.parallel, arch) is None
+        return plan_supported(plan, arch)
 
     def bundles(self, launch: Launch) -> list[dict[str, float]]:
         """One bundle per rank (module docstring)."""
