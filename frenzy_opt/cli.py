@@ -78,6 +78,28 @@ def _gib(value: float | None) -> str:
     return "-" if value is None else f"{value / GIB:,.2f}"
 
 
+def _sig(value: float | None) -> str:
+    """Three significant figures, or "-"."""
+    return "-" if value is None else f"{value:.3g}"
+
+
+def _seconds_text(value: float | None) -> str:
+    """A duration in s, ms or µs (whichever puts it at or above 1), three significant figures; "-" if None."""
+    if value is None:
+        return "-"
+    for scale, unit in ((1.0, "s"), (1e-3, "ms"), (1e-6, "µs")):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g} {unit}"
+    return f"{value / 1e-6:.3g} µs"
+
+
+def _bytes_text(value: float | None) -> str:
+    """Bytes in GiB, or MiB below 1 GiB, three significant figures; "-" if None."""
+    if value is None:
+        return "-"
+    return f"{value / GIB:.3g} GiB" if value >= GIB else f"{value / 2**20:.3g} MiB"
+
+
 def _emit(args: argparse.Namespace, payload: dict[str, Any], render: Callable[[Console], None]) -> None:
     if args.json:
         sys.stdout.write(json.dumps(payload, indent=2) + "\n")
@@ -980,15 +1002,16 @@ def cmd_launch(args: argparse.Namespace) -> int:
         console.print(
             f"{job.name}: {payload['state']} after {payload['steps_run']} steps on {plan['num_gpus']} x "
             f"{plan['gpu_type']} ({_parallel_text(plan['parallel'])}, micro-batch {plan['micro_batch_size']}); "
-            f"loss {payload['loss_first']} -> {payload['loss_last']}"
+            f"loss {_sig(payload['loss_first'])} -> {_sig(payload['loss_last'])}"
         )
         if payload["cause"]:
             console.print(f"[red]{payload['cause']}")
         peaks = m["peak_memory_bytes"] or []
-        marp = _gib(p["peak_allocated_bytes"])
+        measured = ", ".join(_bytes_text(b) for b in peaks) if peaks else "not measured"
+        source = f" ({m['memory_source']})" if m["memory_source"] else ""
         console.print(
-            f"step time: measured {m['step_time_s']} s, predicted {p['step_time_s']} s; peak memory per rank "
-            f"({m['memory_source']}): {', '.join(_gib(b) for b in peaks)} GiB, MARP {marp} GiB"
+            f"step time: measured {_seconds_text(m['step_time_s'])}, predicted {_seconds_text(p['step_time_s'])}; "
+            f"peak memory per rank{source}: {measured}; MARP {_bytes_text(p['peak_allocated_bytes'])}"
         )
 
     _emit(args, payload, render)

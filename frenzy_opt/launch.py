@@ -3,7 +3,9 @@ compare what it measured with what MARP and the step-time model predicted for th
 
 The plan is the fastest memory-feasible one the executor can run (``executor.supports``) among those whose
 placement the cluster admits; the placement is the shared rule's (best fit inside a node, whole nodes
-beyond). The run is one attempt (no retry): ``state`` is ``succeeded`` or ``failed`` with the cause.
+beyond). With the local executor, a plan on a GPU type this machine lacks is refused before anything
+starts (:func:`frenzy_opt.executors.local.device_problem`): it never runs on the CPU in the GPU's name.
+The run is one attempt (no retry): ``state`` is ``succeeded`` or ``failed`` with the cause.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any
 
 from frenzy_opt.cluster import ClusterSpec
 from frenzy_opt.executors import ExitInfo, Launch, make_executor
+from frenzy_opt.executors.local import LocalExecutor, device_problem
 from frenzy_opt.problem import OptionCache
 from frenzy_opt.spec import JobSpec
 from frenzy_opt.topology import Topology
@@ -49,6 +52,10 @@ def launch_job(
             "(see `frenzy plan` for every memory-feasible plan)"
         )
     option = options[0]
+    if isinstance(executor, LocalExecutor):
+        problem = device_problem(option.gpu_type, option.gpus_per_node, executor.cpu)
+        if problem is not None:
+            raise ValueError(f"launch of job {spec.name} on cluster {cluster.name}: {problem}")
     free = {n.index: n.num_gpus for n in topology.nodes}
     nodes = topology.best_nodes(
         option.gpu_type, option.num_gpus, {i: free[i] for i in topology.nodes_of(option.gpu_type)}

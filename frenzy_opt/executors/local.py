@@ -1,7 +1,8 @@
 """The local executor: a placement becomes torchrun processes on this machine running the training worker
 (:mod:`frenzy_opt.train`).
 
-One process per GPU of the placement (per CPU slot on a machine without GPUs). A placement inside one node
+One process per GPU of the placement (per CPU slot for the catalogue's CPU slot type; a GPU type runs on
+CUDA devices only, never silently on the CPU: :func:`device_problem`). A placement inside one node
 is one ``torchrun --standalone``; a placement over several nodes is one torchrun per node joined by c10d
 rendezvous (``--nnodes k --node-rank i``) — on one machine the "nodes" are groups of slots, which is how
 the multi-node path is exercised here. ``CUDA_VISIBLE_DEVICES`` lists the devices the executor handed to
@@ -38,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from frenzy_opt.executors import ExitInfo, Launch, OnExit, OnReport
+from frenzy_opt.gpus import lookup_gpu
 from frenzy_opt.models.arch import ModelArch
 from frenzy_opt.plans import Plan
 from frenzy_opt.spec import ParallelConfig
@@ -62,6 +64,27 @@ def worker_supports(parallel: ParallelConfig, arch: ModelArch, num_micro_batches
         return "tied embeddings with pp > 1"
     if parallel.zero_stage == 1 and (parallel.tp > 1 or parallel.pp > 1):
         return "zero_stage 1 with tp or pp > 1"
+    return None
+
+
+def device_problem(gpu_type: str, gpus_per_node: int, cpu: bool | None = None) -> str | None:
+    """Why this machine cannot run ``gpus_per_node`` ranks of ``gpu_type`` per node, or None if it can.
+
+    A CPU slot type (catalogue ``architecture: cpu``) runs as processes anywhere. A GPU type needs that many
+    CUDA devices: it is never run on the CPU instead, since the run's measurements would be reported as that
+    GPU's (``cpu=True``: this executor uses no CUDA device at all)."""
+    gpu = lookup_gpu(gpu_type)
+    if gpu.architecture == "cpu":
+        return None
+    count = 0 if cpu else _cuda_count()
+    if count == 0:
+        why = "the executor was told to use the CPU" if cpu else "this machine has no CUDA GPU"
+        return (
+            f"the plan runs on {gpu_type}, and {why}: launch on a CPU cluster such as local-4slot "
+            "(--cluster local-4slot), or on a machine with that GPU"
+        )
+    if count < gpus_per_node:
+        return f"the plan needs {gpus_per_node} x {gpu_type} per node, and this machine has {count} CUDA GPU(s)"
     return None
 
 
@@ -152,10 +175,17 @@ class LocalExecutor:
         return plan_supported(plan, arch)
 
     def launch(self, launch: Launch, on_exit: OnExit, on_report: OnReport | None = None) -> None:
+        """Start the attempt's torchrun processes (module docstring); a placement this machine cannot run
+        (:func:`device_problem`) fails at once through ``on_exit`` with the reason."""
+        problem = device_problem(launch.option.gpu_type, launch.gpus_per_node, self.cpu)
+        if problem is not None:
+            info = ExitInfo(ok=False, cause=f"local executor: {problem}")
+            threading.Thread(target=on_exit, args=(launch.job_id, launch.attempt, info), daemon=True).start()
+            return
         job_dir, steps = prepare_run(self.workdir, launch, self.max_steps)
         report = job_dir / "report.jsonl"
         attempt = _Attempt(job_id=launch.job_id, attempt=launch.attempt, on_exit=on_exit, on_report=on_report)
-        cuda = not self.cpu and _cuda_count() > 0
+        cuda = lookup_gpu(launch.option.gpu_type).architecture != "cpu"  # device_problem: the devices exist
         nnodes = len(launch.nodes)
         port = _free_port()
         log = open(job_dir / f"attempt-{launch.attempt}.log", "wb")  # noqa: SIM115 - closed by the watcher

@@ -1,0 +1,88 @@
+"""Everyday commands as a user types them: ``frenzy launch`` on a cluster this machine cannot run and what it
+prints, ``frenzy serve --db PATH``, ``frenzy solve`` on a ``workload:`` scenario, GPU names on ``--gpu``,
+and the parallel layout as the CLI prints it."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from frenzy_opt.cli import main
+
+# --- frenzy launch ----------------------------------------------------------------------------------------
+
+
+def _no_cuda() -> bool:
+    import torch
+
+    return int(torch.cuda.device_count()) == 0
+
+
+@pytest.mark.skipif(not _no_cuda(), reason="checks the refusal on a machine without CUDA GPUs")
+def test_launch_on_a_gpu_cluster_without_cuda_is_refused_before_anything_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code = main(["launch", "job-tiny", "--cluster", "paper-3type", "--workdir", str(tmp_path / "runs")])
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "no CUDA GPU" in err and "local-4slot" in err and "A100" in err
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").iterdir())
+
+
+@pytest.mark.skipif(not _no_cuda(), reason="checks the refusal on a machine without CUDA GPUs")
+def test_the_local_executor_fails_a_gpu_placement_without_cuda_instead_of_running_it_on_cpu(tmp_path: Path) -> None:
+    from frenzy_opt.executors import ExitInfo, Launch
+    from frenzy_opt.executors.local import LocalExecutor
+    from frenzy_opt.problem import OptionCache
+    from frenzy_opt.scenario import load_cluster_ref, resolve
+    from frenzy_opt.spec import load_job
+    from frenzy_opt.topology import Topology
+
+    cluster = load_cluster_ref("paper-3type")
+    spec = load_job(resolve("job-tiny"))
+    option = OptionCache(cluster, Topology(cluster)).options(spec)[0]
+    launch = Launch(job_id="j", attempt=1, spec=spec, option=option, nodes=("n0",), gpus_per_node=1, duration_s=1.0)
+    got: list[ExitInfo] = []
+    done = threading.Event()
+    LocalExecutor(tmp_path).launch(launch, lambda _j, _a, info: (got.append(info), done.set()))
+    assert done.wait(5)
+    assert not got[0].ok and "no CUDA GPU" in got[0].cause
+    assert not (tmp_path / "j").exists()  # nothing was started
+
+
+def test_launch_prints_units_and_rounded_figures_and_never_a_none_label(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import frenzy_opt.launch
+
+    def fake(*_: Any, **__: Any) -> dict[str, Any]:
+        return {
+            "state": "failed",
+            "cause": "node 0 (torchrun) exited with code 1",
+            "plan": {"num_gpus": 4, "gpu_type": "CPU-SLOT", "micro_batch_size": 2,
+                     "parallel": {"dp": 4, "tp": 1, "pp": 1, "cp": 1, "zero_stage": 0, "recompute": "none"}},
+            "steps_run": 0, "loss_first": None, "loss_last": None,
+            "measured": {"peak_memory_bytes": None, "memory_source": None, "step_time_s": None, "tokens_per_s": None},
+            "predicted": {"peak_allocated_bytes": 3 * 2**20, "device_used_bytes": 0,
+                          "step_time_s": 2.4358626476025203e-06},
+        }  # fmt: skip
+
+    monkeypatch.setattr(frenzy_opt.launch, "launch_job", fake)
+    assert main(["launch", "job-tiny"]) == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert "(None)" not in out and "None" not in out
+    assert "predicted 2.44 µs" in out and "measured -" in out
+    assert "peak memory per rank: not measured" in out and "MARP 3 MiB" in out
+
+
+def test_figures_are_printed_with_three_significant_figures_and_a_unit() -> None:
+    from frenzy_opt.cli import _bytes_text, _seconds_text
+
+    assert _seconds_text(0.123456) == "123 ms"
+    assert _seconds_text(12.3456) == "12.3 s"
+    assert _seconds_text(2.4358626476025203e-06) == "2.44 µs"
+    assert _bytes_text(1.5 * 2**30) == "1.5 GiB"
+    assert _bytes_text(123456) == "0.118 MiB"
