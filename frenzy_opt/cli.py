@@ -35,7 +35,7 @@ from frenzy_opt.experiment import (
     write_plots,
 )
 from frenzy_opt.gantt import plot_schedule
-from frenzy_opt.gpus import load_gpus, lookup_gpu
+from frenzy_opt.gpus import load_gpus, resolve_gpu
 from frenzy_opt.marp.predictor import MemoryPrediction, predict_memory
 from frenzy_opt.models.catalog import load_catalog
 from frenzy_opt.plans import NoFeasiblePlan, PlanSearch, search_or_fail
@@ -176,7 +176,7 @@ def prediction_payload(prediction: MemoryPrediction) -> dict[str, Any]:
 
 def cmd_predict(args: argparse.Namespace) -> int:
     job = load_job(resolve(args.job))
-    gpu = lookup_gpu(args.gpu)
+    gpu = resolve_gpu(args.gpu)
     if args.micro_batch_size:
         job = job.with_parallel(job.parallel, micro_batch_size=args.micro_batch_size)
     prediction = predict_memory(job, gpu)
@@ -587,10 +587,14 @@ def cmd_solve(args: argparse.Namespace) -> int:
         raise ValueError("--time-limit must be > 0 and --workers >= 1")
     from frenzy_opt.calibrations import resolve_model
     from frenzy_opt.topology import Topology
+    from frenzy_opt.tracemap import expand
 
     scenario = load_scenario(args.scenario)
     cache = OptionCache(scenario.cluster, Topology(scenario.cluster), step_model=resolve_model(args.calibration))
-    problem = build_problem(scenario, cache=cache)
+    # A ``workload:`` scenario is generated into jobs with its own seed, as `frenzy simulate` does (sim_jobs).
+    problem = build_problem(expand(scenario, cache), cache=cache)
+    if not problem.jobs:
+        raise ValueError(f"scenario {scenario.name}: no jobs to schedule (give jobs: or a workload: section)")
     names = ["greedy", "cpsat"] if args.solver == "both" else [args.solver]
     options = {"time_limit_s": args.time_limit, "workers": args.workers, "seed": args.seed}
     schedules = {name: make_solver(name, **options).solve(problem) for name in names}
@@ -599,15 +603,26 @@ def cmd_solve(args: argparse.Namespace) -> int:
         if errors:  # a solver bug, never bad input
             raise RuntimeError(f"{name} produced an invalid schedule: {'; '.join(errors[:3])}")
     results = {name: schedule_payload(problem, s) for name, s in schedules.items()}
+    unsolved = {
+        name: f"{name} found no schedule for the {len(problem.jobs)} jobs within --time-limit {args.time_limit:g} s "
+        f"(status {s.status}): the instance is beyond its reach in that time; raise --time-limit or use "
+        "--solver greedy"
+        for name, s in schedules.items()
+        if not s.assignments
+    }
     payload: dict[str, Any] = {"scenario": scenario.name, "cluster": scenario.cluster.name, "results": results}
     if args.solver == "both" and results["cpsat"]["objective"]:
         greedy, cpsat = results["greedy"], results["cpsat"]
         payload["gap"] = greedy["avg_jct_s"] / cpsat["avg_jct_s"] - 1
         payload["bound_gap"] = greedy["objective"] / cpsat["bound"] - 1 if cpsat["bound"] else None
         payload["speedup"] = cpsat["solve_time_s"] / max(greedy["solve_time_s"], 1e-9)
+    if unsolved:
+        payload["unsolved"] = unsolved
     if args.plot:
         payload["plots"] = [
-            str(plot_schedule(problem, s, Path(args.plot) / f"gantt-{n}.png")) for n, s in schedules.items()
+            str(plot_schedule(problem, s, Path(args.plot) / f"gantt-{n}.png"))
+            for n, s in schedules.items()
+            if s.assignments
         ]
 
     def render(console: Console) -> None:
@@ -615,11 +630,14 @@ def cmd_solve(args: argparse.Namespace) -> int:
         for col in ("solver", "status", "solve s", "objective", "avg JCT h", "makespan h", "bound"):
             table.add_column(col, justify="left" if col in ("solver", "status") else "right")
         for name, r in results.items():
-            bound = r.get("bound")
-            table.add_row(name, r["status"], f"{r['solve_time_s']:.3f}", f"{r['objective'] or 0:,.0f}",
-                          f"{(r['avg_jct_s'] or 0) / 3600:.2f}", f"{(r['makespan_s'] or 0) / 3600:.2f}",
+            bound, objective = r.get("bound"), r["objective"]
+            hours = ["-" if r[k] is None else f"{r[k] / 3600:.2f}" for k in ("avg_jct_s", "makespan_s")]
+            table.add_row(name, r["status"], f"{r['solve_time_s']:.3f}",
+                          "-" if objective is None else f"{objective:,.0f}", *hours,
                           "-" if bound is None else f"{bound:,.0f}")  # fmt: skip
         console.print(table)
+        for message in unsolved.values():
+            console.print(f"[red]{message}")
         if "gap" in payload:
             console.print(
                 f"greedy vs optimal: avg JCT gap {100 * payload['gap']:+.1f} %, CP-SAT {payload['speedup']:.0f}x slower"
@@ -967,6 +985,30 @@ def cmd_compare(args: argparse.Namespace) -> int:
 # --- serve and demo ------------------------------------------------------------------------------------
 
 
+def db_url(text: str) -> str:
+    """``--db`` as a SQLAlchemy URL: a plain path (no ``scheme://``) is a SQLite file (``myjobs.db`` ->
+    ``sqlite:///myjobs.db``); a URL must parse and name a dialect SQLAlchemy has. ``ValueError`` says what a
+    URL looks like."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    shape = "a path to a SQLite file (myjobs.db) or a SQLAlchemy URL such as sqlite:///myjobs.db or "
+    shape += "postgresql+psycopg://user:password@host/dbname"
+    text = text.strip()
+    if not text:
+        raise ValueError(f"--db: give {shape}")
+    if "://" not in text:
+        folder = Path(text).expanduser().parent
+        if not folder.is_dir():
+            raise ValueError(f"--db: folder {folder} of SQLite file {text!r} does not exist")
+        return f"sqlite:///{Path(text).expanduser()}"
+    try:
+        make_url(text).get_dialect()
+    except (ArgumentError, NoSuchModuleError, ValueError) as err:
+        raise ValueError(f"--db: {text!r} is not a database URL SQLAlchemy can use ({err}); give {shape}") from None
+    return text
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from frenzy_opt.service import build_config, serve
 
@@ -974,7 +1016,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
     config = build_config(
         load_cluster_ref(args.cluster),
-        db_url=args.db,
+        db_url=db_url(args.db),
         executor=args.executor,
         tokens=args.tokens,
         time_scale=args.time_scale,
@@ -1153,7 +1195,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--calibration", help="step-time calibration profile to plan with; the closed loop learns into it")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument(
-        "--db", default="sqlite:///frenzy-opt.db", help="SQLAlchemy URL (default: SQLite file frenzy-opt.db)"
+        "--db",
+        default="sqlite:///frenzy-opt.db",
+        help="SQLAlchemy URL or a SQLite file path (default: SQLite file frenzy-opt.db)",
     )
     p.add_argument("--cluster", default="paper-3type", help="cluster file or shipped name (default paper-3type)")
     p.add_argument("--executor", default="simulated", help="simulated, local (torchrun) or ray (RAY_ADDRESS)")

@@ -6,6 +6,7 @@ Hardware numbers live here and only here; formulas elsewhere take a :class:`GpuT
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass, fields
 from importlib import resources
 from typing import Any
@@ -80,3 +81,29 @@ def lookup_gpu(name: str) -> GpuType:
     if key is None:
         raise ValueError(f"gpu: unknown GPU type {name!r}; allowed: {', '.join(load_gpus())}")
     return load_gpus()[key]
+
+
+def _tokens(name: str) -> frozenset[str]:
+    return frozenset(t for t in re.split(r"[\s_-]+", name.strip().lower()) if t)
+
+
+def resolve_gpu(name: str) -> GpuType:
+    """A GPU type a user named (the CLI's ``--gpu``): an exact catalogue name (case-insensitive) always
+    resolves; any other name must match exactly one type, where a type matches when one of its names (the
+    catalogue name or an alias) holds every word of ``name`` (words split at spaces, ``-`` and ``_``). So
+    ``a100`` — a word of four A100 parts — is an error listing them, while ``a100-sxm4-80g`` or ``rtx3090``
+    resolve. ``ValueError`` lists the matches, or every valid name when there are none. (Data files keep
+    :func:`lookup_gpu`, whose aliases pin the part their sources mean.)"""
+    gpus = load_gpus()
+    exact = {gpu.lower(): gpu for gpu in gpus}.get(str(name).strip().lower())
+    if exact is not None:
+        return gpus[exact]
+    wanted = _tokens(str(name))
+    matches = [gpu for gpu in gpus.values() if wanted and any(wanted <= _tokens(n) for n in (gpu.name, *gpu.aliases))]
+    if len(matches) == 1:
+        return matches[0]
+    if matches:
+        raise ValueError(
+            f"gpu: {name!r} is ambiguous; it matches {', '.join(g.name for g in matches)} (give one of these names)"
+        )
+    raise ValueError(f"gpu: unknown GPU type {name!r}; allowed: {', '.join(gpus)}")

@@ -86,3 +86,83 @@ def test_figures_are_printed_with_three_significant_figures_and_a_unit() -> None
     assert _seconds_text(2.4358626476025203e-06) == "2.44 µs"
     assert _bytes_text(1.5 * 2**30) == "1.5 GiB"
     assert _bytes_text(123456) == "0.118 MiB"
+
+
+# --- the README's curl examples ---------------------------------------------------------------------------
+
+
+def test_the_readme_curl_posts_send_their_json_bodies_as_json() -> None:
+    """FastAPI answers 422 to a JSON body sent as curl's default form encoding."""
+    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    posts = [line for line in readme.splitlines() if line.startswith("$ curl") and "-XPOST" in line]
+    assert posts
+    assert all("-H 'Content-Type: application/json'" in line for line in posts), posts
+
+
+# --- frenzy serve --db ------------------------------------------------------------------------------------
+
+
+def test_serve_takes_a_plain_path_as_a_sqlite_file_and_explains_a_bad_url(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import frenzy_opt.service
+    from frenzy_opt.cli import db_url
+
+    assert db_url("myjobs.db") == "sqlite:///myjobs.db"
+    assert db_url(str(tmp_path / "jobs.db")) == f"sqlite:///{tmp_path / 'jobs.db'}"
+    assert db_url("sqlite:///frenzy-opt.db") == "sqlite:///frenzy-opt.db"
+    with pytest.raises(ValueError, match=r"--db: .*sqlite:///myjobs.db"):
+        db_url("nosuchdialect://host/db")
+    with pytest.raises(ValueError, match="does not exist"):
+        db_url(str(tmp_path / "missing" / "jobs.db"))
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr(frenzy_opt.service, "build_config", lambda cluster, **kw: seen.update(kw))
+    monkeypatch.setattr(frenzy_opt.service, "serve", lambda *_: None)
+    monkeypatch.chdir(tmp_path)
+    assert main(["serve", "--db", "myjobs.db"]) == 0
+    assert seen["db_url"] == "sqlite:///myjobs.db"
+
+
+# --- frenzy solve -----------------------------------------------------------------------------------------
+
+
+def test_solve_generates_the_jobs_of_a_workload_scenario(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    assert main(["solve", "sia64-llm", "--solver", "greedy", "--json"]) == 0
+    result = json.loads(capsys.readouterr().out)["results"]["greedy"]
+    assert len(result["schedule"]) == 160  # workload: {num_jobs: 160}
+
+
+@pytest.mark.solver
+def test_cpsat_out_of_reach_says_so_instead_of_crashing(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    assert main(["solve", "paper3type-llm", "--solver", "cpsat", "--time-limit", "1", "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    scheduled = payload["results"]["cpsat"]["schedule"]
+    if scheduled:  # a fast machine may find one within the second
+        assert len(scheduled) == 50
+    else:
+        assert "cpsat found no schedule for the 50 jobs within --time-limit 1 s" in payload["unsolved"]["cpsat"]
+
+
+# --- --gpu names ------------------------------------------------------------------------------------------
+
+
+def test_an_ambiguous_gpu_name_is_an_error_listing_the_matches(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["predict", "job-tiny", "--gpu", "a100"]) == 2
+    err = capsys.readouterr().err
+    assert "ambiguous" in err
+    for name in ("A100-PCIE-40GB", "A100-SXM4-40GB", "A100-PCIE-80GB", "A100-SXM4-80GB"):
+        assert name in err
+    assert main(["predict", "job-tiny", "--gpu", "A100-SXM4-40GB"]) == 0
+    assert "A100-SXM4-40GB" in capsys.readouterr().out
+    assert main(["predict", "job-tiny", "--gpu", "a100-sxm4-80g"]) == 0  # an alias that names one part
+
+
+def test_the_printed_layout_shows_every_parallel_dimension_that_is_not_1() -> None:
+    from frenzy_opt.cli import _parallel_text
+
+    parallel = {"dp": 1, "tp": 4, "pp": 2, "vpp": 1, "cp": 2, "ep": 1, "zero_stage": 1, "recompute": "none"}
+    assert _parallel_text(parallel).startswith("dp1 tp4 pp2 cp2")
