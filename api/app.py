@@ -3,22 +3,37 @@ launches and tracks them. Versioned under ``/v1``; OpenAPI at ``/openapi.json`` 
 
 Handlers are plain (threaded) functions that open a database session only inside each store call, so no
 request holds a connection while it waits; the orchestrator's loop is the only writer of job state.
+
+Faults answer in JSON, never a plain-text 500 or a dropped connection: while the store cannot write (or its
+file is gone) every request that needs it gets 503 with ``Retry-After``, and ``/healthz`` says why. Plan
+searches of the dry-run endpoint run in a worker process (:class:`PlanSearches`), off the request path: a
+search of a large cluster holds the CPU and about 16 MB for up to seconds, so in the server's own threads a
+burst of them starved every other client. Their results are cached by what changes the search (not the name
+or the step count), bounded in bytes; each tenant has a limit on concurrent searches and a rate limit (429
+with ``Retry-After``).
 """
 
 from __future__ import annotations
 
-import functools
+import asyncio
 import hashlib
 import json
+import logging
+import math
+import multiprocessing
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Annotated, Any
 
 from fastapi import FastAPI, Header, HTTPException, Query, Request
 from fastapi import Path as PathParam
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from sqlalchemy.exc import IntegrityError
@@ -29,9 +44,12 @@ from frenzy_opt.closedloop import memory_errors
 from frenzy_opt.cluster import ClusterSpec
 from frenzy_opt.executors import Executor
 from frenzy_opt.orchestrator import Orchestrator, new_job_id
-from frenzy_opt.plans import NoFeasiblePlan, PlanSearch, search_or_fail
+from frenzy_opt.plans import NoFeasiblePlan, search_or_fail
 from frenzy_opt.spec import JobSpec, parse_job
-from frenzy_opt.store import TERMINAL, JobRecord, Store
+from frenzy_opt.steptime import StepTimeModel
+from frenzy_opt.store import BUSY_TIMEOUT_S, STORE_FAULTS, TERMINAL, JobRecord, Store, is_store_fault
+
+log = logging.getLogger(__name__)
 
 API_VERSION = "v1"
 # Module level: handler annotations are strings (``from __future__ import annotations``) that FastAPI resolves
@@ -43,6 +61,12 @@ Limit = Annotated[int, Query(ge=1, le=500)]
 Offset = Annotated[int, Query(ge=0, le=1_000_000_000)]
 Top = Annotated[int, Query(ge=1, le=100)]
 MAX_BODY_BYTES = 1 << 20
+RETRY_AFTER_S = 5
+"""What a 503 asks the client to wait: the orchestrator's write back-off tops out at 5 s."""
+CANCEL_WAIT_S = 10.0
+"""How long a cancel request waits for the scheduler to carry it out."""
+MAX_TOP_PLANS = 100
+"""The most plans the dry run lists (``top``'s bound): what its cache keeps per search."""
 
 
 @dataclass
@@ -58,13 +82,27 @@ class ServiceConfig:
     calibration: str | None = None
     """A step-time calibration profile (:mod:`frenzy_opt.calibrations`): plans use it, the closed loop
     writes into it."""
+    busy_timeout_s: float = BUSY_TIMEOUT_S
+    """How long a store write waits for another connection's lock (:data:`frenzy_opt.store.BUSY_TIMEOUT_S`)."""
+    plan_workers: int = 1
+    """Worker processes for the dry run's plan searches."""
+    plan_cache_bytes: int = 64 << 20
+    """Bound of the dry run's result cache (JSON bytes of the results kept)."""
+    plan_searches_per_tenant: int = 2
+    """Plan searches one tenant may have running at once; more get 429."""
+    plans_per_minute: float = 60.0
+    """Dry runs one tenant may request per minute (a token bucket of ``plans_burst``); more get 429."""
+    plans_burst: int = 20
 
 
 class Metrics:
-    """Prometheus metrics of one service (its own registry, so several apps can live in one process)."""
+    """Prometheus metrics of one service (its own registries, so several apps can live in one process).
+    Per-tenant series live in a registry of their own, shown only to an admin when tokens are configured
+    (tenant names and their activity are not public)."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        self.tenant_registry = CollectorRegistry()
         self.queue = Gauge("frenzy_queue_length", "Jobs waiting in the scheduler's queue", registry=self.registry)
         self.gpus_used = Gauge("frenzy_gpus_used", "GPUs held by running jobs", ["gpu_type"], registry=self.registry)
         self.gpus_total = Gauge("frenzy_gpus_total", "GPUs in the cluster", ["gpu_type"], registry=self.registry)
@@ -75,8 +113,12 @@ class Metrics:
             buckets=(1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 0.1, 0.3, 1.0),
             registry=self.registry,
         )
-        self.submitted = Counter("frenzy_jobs_submitted", "Jobs accepted", ["tenant"], registry=self.registry)
+        self.submitted = Counter("frenzy_jobs_submitted", "Jobs accepted", ["tenant"], registry=self.tenant_registry)
         self.rejected = Counter("frenzy_jobs_rejected", "Submissions refused (422)", registry=self.registry)
+        self.unavailable = Counter(
+            "frenzy_store_unavailable", "Requests answered 503: the store could not write", registry=self.registry
+        )
+        self.throttled = Counter("frenzy_plans_throttled", "Dry runs answered 429", registry=self.registry)
 
     def on_decision(self, seconds: float, queued: int) -> None:
         self.decisions.inc()
@@ -103,21 +145,35 @@ class BodyLimit:
         if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
             await self._refuse(send)
             return
+        if declared is not None:  # the server stops reading at the declared length
+            await self.app(scope, receive, send)
+            return
+        # A chunked body: read it all (at most the limit) before the application sees it, so that one over
+        # the limit is a 413 here rather than a body-parsing 400 inside the framework.
+        chunks: list[bytes] = []
         seen = 0
-
-        async def limited() -> MutableMapping[str, Any]:
-            nonlocal seen
+        while True:
             message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.limit:
-                    raise _TooLarge
-            return message
+            if message["type"] != "http.request":  # the client went away
+                return
+            chunk = message.get("body", b"")
+            seen += len(chunk)
+            if seen > self.limit:
+                await self._refuse(send)
+                return
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                break
+        replayed = False
 
-        try:
-            await self.app(scope, limited, send)
-        except _TooLarge:
-            await self._refuse(send)
+        async def replay() -> MutableMapping[str, Any]:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": b"".join(chunks), "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
 
     async def _refuse(self, send: Callable[[MutableMapping[str, Any]], Awaitable[None]]) -> None:
         body = json.dumps({"detail": f"request body over {self.limit} bytes"}).encode()
@@ -125,8 +181,173 @@ class BodyLimit:
         await send({"type": "http.response.body", "body": body})
 
 
-class _TooLarge(Exception):
-    pass
+class TokenBucket:
+    """A rate limit: ``rate`` per second with bursts of ``burst`` (the token bucket of RFC 2697's meters)."""
+
+    def __init__(self, rate: float, burst: int) -> None:
+        self.rate, self.burst = rate, burst
+        self.tokens = float(burst)
+        self.at = time.monotonic()
+
+    def take(self) -> float:
+        """0 if a token was taken, else the seconds until one is there."""
+        now = time.monotonic()
+        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
+        self.at = now
+        if self.tokens >= 1:
+            self.tokens -= 1
+            return 0.0
+        return (1 - self.tokens) / self.rate if self.rate > 0 else math.inf
+
+
+def plan_summary(spec: JobSpec, cluster: ClusterSpec, step_model: StepTimeModel) -> dict[str, Any]:
+    """The dry run's answer for one training step (worker process): plan count, fewest GPUs per type and the
+    first :data:`MAX_TOP_PLANS` plans, fastest first. Raises :class:`NoFeasiblePlan`."""
+    search = search_or_fail(spec, cluster, step_model=step_model)
+    min_gpus: dict[str, int] = {}
+    for plan in search.plans:
+        min_gpus[plan.gpu_type] = min(min_gpus.get(plan.gpu_type, plan.num_gpus), plan.num_gpus)
+    plans = [
+        {
+            "gpu_type": p.gpu_type,
+            "num_gpus": p.num_gpus,
+            "parallel": p.parallel.to_dict(),
+            "micro_batch_size": p.micro_batch_size,
+            "precision": p.precision,
+            "peak_allocated_bytes": p.peak_allocated_bytes,
+            "device_used_bytes": p.device_used_bytes,
+            "step_time_s": p.step_time_s,
+            "step_time_p10_s": p.step_time_p10_s,
+            "step_time_p90_s": p.step_time_p90_s,
+            "est_runtime_s": p.est_runtime_s,
+            "memory_risk": p.memory_risk,
+        }
+        for p in search.plans[:MAX_TOP_PLANS]
+    ]
+    return {"num_plans": len(search.plans), "min_gpus_per_type": min_gpus, "plans": plans}
+
+
+class Throttled(Exception):
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class PlanSearches:
+    """The dry run's plan searches (module docstring): a worker pool, an LRU cache bounded in bytes keyed by
+    the one-step spec, in-flight searches shared, per-tenant concurrency and rate limits."""
+
+    def __init__(self, config: ServiceConfig, step_model: StepTimeModel) -> None:
+        self.config, self.step_model = config, step_model
+        self._pool: ProcessPoolExecutor | None = None
+        self._cache: OrderedDict[JobSpec, tuple[dict[str, Any] | NoFeasiblePlan, int]] = OrderedDict()
+        self.cache_bytes = 0
+        self._running: dict[JobSpec, Future[dict[str, Any]]] = {}
+        self._per_tenant: dict[str, int] = {}
+        self._buckets: dict[str, TokenBucket] = {}
+        self._lock = threading.RLock()  # a done callback may run at once, in the thread that holds it
+        self.searches = 0
+        """Searches run (cache misses), for tests and metrics."""
+
+    @staticmethod
+    def key(spec: JobSpec) -> JobSpec:
+        """What changes the search: the spec without its name, step count and scheduling fields."""
+        return replace(
+            spec, name="", training=replace(spec.training, train_steps=1), scheduling=type(spec.scheduling)()
+        )
+
+    def __len__(self) -> int:
+        """Results cached."""
+        return len(self._cache)
+
+    def admit(self, tenant: str) -> None:
+        """Charge a dry run to the tenant's rate limit; :class:`Throttled` when it is spent."""
+        with self._lock:
+            bucket = self._buckets.setdefault(
+                tenant, TokenBucket(self.config.plans_per_minute / 60.0, self.config.plans_burst)
+            )
+            wait = bucket.take()
+        if wait > 0:
+            raise Throttled(
+                f"tenant {tenant!r} is over its rate of {self.config.plans_per_minute:g} plan requests per minute",
+                wait,
+            )
+
+    async def summary(self, spec: JobSpec, tenant: str) -> dict[str, Any]:
+        """The one-step summary of ``spec`` (cached, or searched in the pool); raises
+        :class:`NoFeasiblePlan` or :class:`Throttled`."""
+        key = self.key(spec)
+        with self._lock:
+            cached = self._cache.get(key)
+            if cached is not None:
+                self._cache.move_to_end(key)
+                future = None
+            else:
+                future = self._running.get(key) or self._start(key, tenant)
+        if future is None:
+            assert cached is not None
+            result = cached[0]
+        else:
+            try:
+                result = await asyncio.wrap_future(future)
+            except NoFeasiblePlan as err:
+                result = err
+        if isinstance(result, NoFeasiblePlan):
+            raise result
+        return result
+
+    def _start(self, key: JobSpec, tenant: str) -> Future[dict[str, Any]]:
+        """A new search charged to the tenant's concurrency (under ``_lock``)."""
+        limit = self.config.plan_searches_per_tenant
+        if self._per_tenant.get(tenant, 0) >= limit:
+            raise Throttled(f"tenant {tenant!r} already has {limit} plan searches running", 1.0)
+        self._per_tenant[tenant] = self._per_tenant.get(tenant, 0) + 1
+        future = self._submit(key)
+        self._running[key] = future
+
+        def done(finished: Future[dict[str, Any]]) -> None:
+            self._done(key, tenant, finished)
+
+        future.add_done_callback(done)
+        return future
+
+    def _submit(self, key: JobSpec) -> Future[dict[str, Any]]:
+        if self._pool is None:
+            # spawn: a forked child of a threaded server can inherit a held lock
+            context = multiprocessing.get_context("spawn")
+            self._pool = ProcessPoolExecutor(max_workers=self.config.plan_workers, mp_context=context)
+        self.searches += 1
+        return self._pool.submit(plan_summary, key, self.config.cluster, self.step_model)
+
+    def _done(self, key: JobSpec, tenant: str, future: Future[dict[str, Any]]) -> None:
+        with self._lock:
+            self._running.pop(key, None)
+            self._per_tenant[tenant] -= 1
+            if future.cancelled():
+                return
+            error = future.exception()
+            if error is not None and not isinstance(error, NoFeasiblePlan):
+                return  # not cached: a crashed worker is retried by the next request
+            value: dict[str, Any] | NoFeasiblePlan = error if isinstance(error, NoFeasiblePlan) else future.result()
+            size = len(str(value)) if isinstance(value, NoFeasiblePlan) else len(json.dumps(value))
+            self._cache[key] = (value, size)
+            self.cache_bytes += size
+            while self.cache_bytes > self.config.plan_cache_bytes and len(self._cache) > 1:
+                _, (_, dropped) = self._cache.popitem(last=False)
+                self.cache_bytes -= dropped
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+
+
+def _unavailable(reason: str) -> HTTPException:
+    return HTTPException(
+        503,
+        f"the job store cannot take writes now ({reason}); retry later",
+        headers={"Retry-After": str(RETRY_AFTER_S)},
+    )
 
 
 def _job_out(
@@ -160,7 +381,7 @@ def _unprocessable(message: str, field_path: tuple[str, ...] = ("body",)) -> HTT
 
 def create_app(config: ServiceConfig) -> FastAPI:
     """The FastAPI application of one service: its store, orchestrator and metrics start with it."""
-    store = Store(config.db_url)
+    store = Store(config.db_url, busy_timeout_s=config.busy_timeout_s)
     metrics = Metrics()
     orchestrator = Orchestrator(
         store,
@@ -174,11 +395,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
     for gpu in config.cluster.gpu_types():
         metrics.gpus_total.labels(gpu.name).set(config.cluster.num_gpus_of(gpu.name))
     feasibility_lock = threading.Lock()
-
-    @functools.lru_cache(maxsize=256)
-    def cached_search(spec: JobSpec) -> PlanSearch:
-        """Plan searches of the dry-run endpoint, remembered per spec (a search takes 0.1-1 s)."""
-        return search_or_fail(spec, config.cluster, step_model=orchestrator.base_model)
+    searches = PlanSearches(config, orchestrator.base_model)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -187,6 +404,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
             yield
         finally:
             orchestrator.stop()
+            searches.close()
             store.close()
 
     app = FastAPI(
@@ -197,6 +415,14 @@ def create_app(config: ServiceConfig) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.store, app.state.orchestrator, app.state.metrics = store, orchestrator, metrics
+    app.state.searches = searches
+
+    def writable() -> None:
+        """503 unless the store takes writes (module docstring)."""
+        reason = orchestrator.store_fault or store.health()
+        if reason is not None:
+            metrics.unavailable.inc()
+            raise _unavailable(reason)
 
     def principal_of(authorization: str | None) -> Principal:
         principal = config.tenants.authenticate(authorization)
@@ -233,7 +459,14 @@ def create_app(config: ServiceConfig) -> FastAPI:
         f"/{API_VERSION}/jobs",
         status_code=202,
         response_model=JobOut,
-        responses={401: {}, 413: {}, 422: {"description": "invalid spec, or no GPU type can hold the job"}},
+        responses={
+            400: {"description": "the body is not JSON"},
+            401: {},
+            409: {"description": "the Idempotency-Key was used for a different job"},
+            413: {},
+            422: {"description": "invalid spec, or no GPU type can hold the job"},
+            503: {"description": "the job store cannot take writes now; see Retry-After"},
+        },
     )
     def submit(
         body: JobIn,
@@ -244,6 +477,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
         waits. Re-posting with the same `Idempotency-Key` returns the same job."""
         who = principal_of(authorization)
         spec, mapping = parse_spec(body)
+        writable()
         request_hash = hashlib.sha256(
             json.dumps([mapping, body.weight, body.max_retries], sort_keys=True).encode()
         ).hexdigest()
@@ -309,50 +543,62 @@ def create_app(config: ServiceConfig) -> FastAPI:
         history = [EventOut(at=e.at, state=e.state, detail=e.detail) for e in store.events(job_id)]
         return _job_out(record, orchestrator.reason(job_id), history, orchestrator.progress.get(job_id))
 
-    @app.post(f"/{API_VERSION}/jobs/{{job_id}}/cancel", response_model=JobOut, responses={401: {}, 404: {}, 409: {}})
+    @app.post(
+        f"/{API_VERSION}/jobs/{{job_id}}/cancel",
+        response_model=JobOut,
+        responses={401: {}, 404: {}, 409: {"description": "the job already ended"}, 503: {}},
+    )
     def cancel_job(job_id: JobIdPath, authorization: Auth = None) -> JobOut:
         """Cancel a queued or running job; its GPUs are released."""
         who = principal_of(authorization)
         record = visible(store.get(job_id), who)
         if record.state in TERMINAL:
             raise HTTPException(409, f"job already {record.state}")
-        orchestrator.cancel(job_id).result(timeout=10)
+        writable()
+        done = orchestrator.cancel(job_id)
+        deadline = time.monotonic() + CANCEL_WAIT_S
+        while True:
+            try:
+                done.result(timeout=0.05)
+                break
+            except FutureTimeout:
+                # The loop waits for the store: the cancel is queued and happens once the store writes.
+                if orchestrator.store_fault is not None or time.monotonic() > deadline:
+                    reason = orchestrator.store_fault or f"the scheduler did not answer within {CANCEL_WAIT_S:g} s"
+                    raise _unavailable(reason) from None
         return _job_out(visible(store.get(job_id), who), orchestrator.reason(job_id))
 
-    @app.post(f"/{API_VERSION}/plans", response_model=PlansOut, responses={401: {}, 422: {}})
-    def plans(body: JobIn, authorization: Auth = None, top: Top = 10) -> PlansOut:
+    @app.post(
+        f"/{API_VERSION}/plans",
+        response_model=PlansOut,
+        responses={401: {}, 422: {}, 429: {"description": "over the tenant's plan-search limits; see Retry-After"}},
+    )
+    async def plans(body: JobIn, authorization: Auth = None, top: Top = 10) -> PlansOut:
         """A dry run: the memory-feasible plans of a job on this cluster, fastest first. Nothing is stored."""
-        principal_of(authorization)
+        who = principal_of(authorization)
         spec, _ = parse_spec(body)
         try:
-            search = cached_search(spec)
+            searches.admit(who.tenant)
+            summary = await searches.summary(spec, who.tenant)
+        except Throttled as err:
+            metrics.throttled.inc()
+            retry = max(1, math.ceil(err.retry_after_s))
+            raise HTTPException(429, str(err), headers={"Retry-After": str(retry)}) from None
         except NoFeasiblePlan as err:
             raise _unprocessable(str(err)) from None
-        with feasibility_lock:
-            orchestrator.cache.per_step(spec)  # the scheduler's options too: a later submission finds them ready
-        min_gpus: dict[str, int] = {}
-        for plan in search.plans:
-            min_gpus[plan.gpu_type] = min(min_gpus.get(plan.gpu_type, plan.num_gpus), plan.num_gpus)
+        steps = spec.training.train_steps
         return PlansOut(
             cluster=config.cluster.name,
-            num_plans=len(search.plans),
-            min_gpus_per_type=min_gpus,
+            num_plans=summary["num_plans"],
+            min_gpus_per_type=summary["min_gpus_per_type"],
             plans=[
                 PlanOut(
-                    gpu_type=p.gpu_type,
-                    num_gpus=p.num_gpus,
-                    parallel=p.parallel.to_dict(),
-                    micro_batch_size=p.micro_batch_size,
-                    precision=p.precision,
-                    peak_allocated_bytes=p.peak_allocated_bytes,
-                    device_used_bytes=p.device_used_bytes,
-                    step_time_s=p.step_time_s,
-                    step_time_p10_s=p.step_time_p10_s,
-                    step_time_p90_s=p.step_time_p90_s,
-                    est_runtime_s=p.est_runtime_s,
-                    memory_risk=p.memory_risk,
+                    **{
+                        **p,
+                        "est_runtime_s": None if p["step_time_s"] is None else p["step_time_s"] * steps,
+                    }
                 )
-                for p in search.plans[:top]
+                for p in summary["plans"][:top]
             ],
         )
 
@@ -380,27 +626,55 @@ def create_app(config: ServiceConfig) -> FastAPI:
             "samples": len(samples),
         }
 
-    @app.get("/healthz")
+    @app.get("/healthz", responses={503: {"description": "the store or the scheduler cannot serve; see detail"}})
     def healthz() -> dict[str, Any]:
-        """Liveness: the store answers and the orchestrator's loop is alive."""
-        store.ping()
-        alive = orchestrator._thread is not None and orchestrator._thread.is_alive()
-        if not alive:
-            raise HTTPException(503, "orchestrator loop is not running")
+        """Health: the store answers and takes writes (its file is still the one opened), and the
+        orchestrator's loop is alive."""
+        reason = store.health() or (None if orchestrator.alive() else "the orchestrator loop is not running")
+        reason = reason or orchestrator.store_fault
+        if reason is not None:
+            raise HTTPException(503, reason, headers={"Retry-After": str(RETRY_AFTER_S)})
         return {"status": "ok", "executor": config.executor.name, "cluster": config.cluster.name, "time": time.time()}
 
     @app.get("/metrics", response_class=PlainTextResponse)
-    def prometheus() -> PlainTextResponse:
-        """Prometheus text format: queue length, GPUs used per type, decisions, decision latency."""
+    def prometheus(authorization: Auth = None) -> PlainTextResponse:
+        """Prometheus text format: queue length, GPUs used per type, decisions, decision latency; the
+        per-tenant series only for an admin token when tokens are configured."""
         view = orchestrator.view()
         for gpu_type, counts in view["gpu_types"].items():
             metrics.gpus_used.labels(gpu_type).set(counts["used"])
         metrics.queue.set(view["queued"])
-        return PlainTextResponse(generate_latest(metrics.registry), media_type="text/plain; version=0.0.4")
+        text = generate_latest(metrics.registry)
+        who = config.tenants.authenticate(authorization)
+        if who is not None and who.admin:
+            text += generate_latest(metrics.tenant_registry)
+        return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_: Request, err: RequestValidationError) -> JSONResponse:
+        # Only where and what: the offending input is left out (a NaN in it made the answer itself invalid
+        # JSON, and it need not be echoed back).
+        detail = [{"loc": list(e["loc"]), "msg": e["msg"], "type": e["type"]} for e in err.errors()]
+        return JSONResponse(status_code=422, content={"detail": detail})
 
     @app.exception_handler(ValueError)
     async def value_error(_: Request, err: ValueError) -> JSONResponse:  # a bad value that slipped past the schema
         return JSONResponse(status_code=422, content={"detail": [{"loc": ["body"], "msg": str(err)}]})
+
+    async def store_fault(_: Request, err: Exception) -> JSONResponse:
+        if not is_store_fault(err):
+            log.exception("request failed", exc_info=err)
+            return JSONResponse(status_code=500, content={"detail": f"internal error: {err.__class__.__name__}"})
+        metrics.unavailable.inc()
+        reason = f"{err.__class__.__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        return JSONResponse(
+            status_code=503,
+            content={"detail": f"the job store cannot serve now ({reason}); retry later"},
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        )
+
+    for fault in STORE_FAULTS:
+        app.add_exception_handler(fault, store_fault)
 
     app.add_middleware(BodyLimit, limit=config.max_body_bytes)  # type: ignore[arg-type]
     return app

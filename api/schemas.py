@@ -25,7 +25,10 @@ STATES = Literal["queued", "scheduled", "running", "succeeded", "failed", "cance
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """No unknown fields, no coercion (``true`` is not 1, ``"1.5"`` is not 1.5, ``0`` is not false; an int is
+    a float) and no NaN or infinity, each refused with the field's location."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class ArchitectureIn(_Strict):

@@ -19,6 +19,14 @@ Recovery (:meth:`Orchestrator.start`): queued jobs are queued again in acceptanc
 running ones the executor still runs keep their GPUs; the others failed with the node or process and are
 retried (or fail for good past their retry limit).
 
+Faults (:mod:`frenzy_opt.store`): the loop never dies of one. A batch whose state changes the store cannot
+write (a lock held past the busy timeout, a full disk, a deleted file, a database server gone) is kept, with
+its launches held back, and written again with exponential back-off until the store takes it; meanwhile
+:attr:`Orchestrator.store_fault` says why (the API answers 503 with ``Retry-After``) and new events wait in
+the queue. An event whose handling raises is logged and its job failed with the reason, not the loop. At
+start the service takes the store's writer lock before it recovers, and recovery quarantines rows it cannot
+run (a model no longer in the catalogue, unreadable JSON, a node the cluster lacks) as failed with the reason.
+
 Cluster time is wall time since start x ``time_scale`` (the simulated executor's scale), so predicted
 durations and the scheduler's clock agree.
 """
@@ -52,10 +60,15 @@ from frenzy_opt.problem import (
 from frenzy_opt.simulator import restart_cost_s
 from frenzy_opt.solvers.greedy import GreedyState
 from frenzy_opt.spec import JobSpec, parse_job
-from frenzy_opt.store import JobRecord, Store
+from frenzy_opt.store import JobRecord, Store, is_store_fault
 from frenzy_opt.topology import Topology
 
 log = logging.getLogger(__name__)
+
+RETRY_FIRST_S = 0.05
+RETRY_MAX_S = 5.0
+"""Back-off of a failed store write: doubling from 50 ms up to 5 s (the usual capped exponential back-off, as
+in https://aws.amazon.com/builders-library/timeouts-retries-and-backoff-with-jitter/)."""
 
 
 class Quotas:
@@ -201,6 +214,11 @@ class Orchestrator:
         self._events: queue.Queue[tuple[Any, ...]] = queue.Queue()
         self._lock = threading.RLock()
         self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self.store_fault: str | None = None
+        """Why the store cannot take the loop's writes now (None while it can)."""
+        self.quarantined: dict[str, str] = {}
+        """Jobs failed because their row or event could not be handled, with the reason."""
         self._t0 = time.monotonic()
 
     # --- clock and lifecycle --------------------------------------------------------------------------
@@ -210,13 +228,15 @@ class Orchestrator:
         return (time.monotonic() - self._t0) * self.time_scale
 
     def start(self) -> None:
-        """Recover from the store, then run the loop in a background thread."""
+        """Take the store's writer lock, recover from the store, then run the loop in a background thread."""
+        self.store.acquire_writer()
         self.recover()
         self._thread = threading.Thread(target=self._loop, name="frenzy-orchestrator", daemon=True)
         self._thread.start()
         self._events.put(("tick",))  # a first decision for what recovery queued
 
     def stop(self, timeout: float = 10.0) -> None:
+        self._stopping.set()
         if self._thread is not None:
             self._events.put(("stop",))
             self._thread.join(timeout)
@@ -301,15 +321,21 @@ class Orchestrator:
     # --- the loop ---------------------------------------------------------------------------------------
 
     def _loop(self) -> None:
-        while True:
+        while not self._stopping.is_set():
             batch = [self._events.get()]
             while True:
                 try:
                     batch.append(self._events.get_nowait())
                 except queue.Empty:
                     break
-            if not self.process(batch):
-                return
+            try:
+                if not self.process(batch):
+                    return
+            except Exception:  # a defect in handling a batch must not stop scheduling for good
+                log.exception("orchestrator: a batch of %d events failed; the loop goes on", len(batch))
+
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
 
     def process(self, batch: list[tuple[Any, ...]]) -> bool:
         """Handle a batch of events and run one decision; False once a stop event was seen. Public so that
@@ -322,26 +348,77 @@ class Orchestrator:
                 kind = event[0]
                 if kind == "stop":
                     keep_going = False
-                elif kind == "tick":
-                    pass  # only the decision below
-                elif kind == "submit":
-                    self._enqueue(event[1], pending)
-                elif kind == "exit":
-                    self._exit(event[1], event[2], event[3], pending)
                 elif kind == "cancel":
                     cancels.append((event[1], event[2]))
-                    self._cancel(event[1], pending)
+                if kind in ("submit", "exit", "cancel"):
+                    self._handle(event, pending)
             launches = self._decide(pending) if keep_going else []
-        self._flush(pending)
+        if not self._write(pending):
+            return False  # stopped while the store could not write: recovery picks up from the store
         wake, self._wake = self._wake, []
         for waiter in wake:
             waiter.set()
         for job_id, future in cancels:
-            record = self.store.get(job_id)
+            try:
+                record = self.store.get(job_id)
+            except Exception as err:  # the cancel is written; only reading it back failed
+                future.set_exception(err)
+                continue
             future.set_result("unknown" if record is None else record.state)
         for launch in launches:
             self.executor.launch(launch, self._on_exit, self._on_report)
         return keep_going
+
+    def _handle(self, event: tuple[Any, ...], pending: _Pending) -> None:
+        """One submit, exit or cancel event; one that raises fails its job with the reason (module
+        docstring)."""
+        kind = event[0]
+        job_id = event[1].id if kind == "submit" else event[1]
+        try:
+            if kind == "submit":
+                self._enqueue(event[1], pending)
+            elif kind == "exit":
+                self._exit(event[1], event[2], event[3], pending)
+            else:
+                self._cancel(event[1], pending)
+        except Exception as err:
+            log.exception("orchestrator: %s event of job %s failed", kind, job_id)
+            self._drop(job_id, f"{kind} failed inside the scheduler: {err.__class__.__name__}: {err}", pending)
+
+    def _drop(self, job_id: str, reason: str, pending: _Pending) -> None:
+        """Take a job out of the queue and the ledger and fail it with the reason (quarantine)."""
+        self.state.queue.pop(job_id, None)
+        if job_id in self.running:
+            self.executor.cancel(job_id)
+            self._release(job_id)
+        self.reasons.pop(job_id, None)
+        self._waits.pop(job_id, None)
+        self.quarantined[job_id] = reason
+        pending.add(job_id, "failed", f"quarantined: {reason}")
+        self._mark_decided(job_id)
+
+    def _write(self, pending: _Pending) -> bool:
+        """Write a batch's state changes, retrying with back-off while the store is at fault (module
+        docstring); False if the orchestrator was stopped before the store took them."""
+        delay = RETRY_FIRST_S
+        while True:
+            try:
+                self._flush(pending)
+            except Exception as err:
+                if not is_store_fault(err):
+                    raise
+                reason = f"{err.__class__.__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+                if self.store_fault is None:
+                    log.error("store: cannot write %d state changes (%s); retrying", len(pending.transitions), reason)
+                self.store_fault = reason
+                if self._stopping.wait(delay):
+                    return False
+                delay = min(delay * 2, RETRY_MAX_S)
+                continue
+            if self.store_fault is not None:
+                log.warning("store: writes again after: %s", self.store_fault)
+                self.store_fault = None
+            return True
 
     def _flush(self, pending: _Pending) -> None:
         if pending.transitions:
@@ -398,7 +475,12 @@ class Orchestrator:
             return
         self.step_model = model
         self.calibration_report.update(report)
-        self.store.save_calibration(report)
+        try:
+            self.store.save_calibration(report)
+        except Exception as err:  # the fit lives on in memory; the next refit writes it again
+            if not is_store_fault(err):
+                raise
+            log.warning("closed loop: cannot store the refitted efficiencies: %s", err)
         if self.calibration:  # the profile the service plans with learns from its runs
             try:
                 self.calibrations.learn(self.calibration, model, report)
@@ -567,32 +649,53 @@ class Orchestrator:
         """Rebuild the queue and the ledger from the store (module docstring); counts per outcome."""
         pending = _Pending()
         alive = self.executor.running()
-        counts = {"queued": 0, "kept": 0, "retried": 0, "failed": 0}
+        counts = {"queued": 0, "kept": 0, "retried": 0, "failed": 0, "quarantined": 0}
         with self._lock:
             for record in self.store.active():
-                if record.state == "queued":
-                    self._enqueue(record, pending)
-                    counts["queued"] += 1
-                    continue
-                self._enqueue(record, pending)
-                del self.state.queue[record.id]
-                if record.id in alive and record.placement is not None and record.plan is not None:
-                    self._reattach(record)
-                    adopt = getattr(self.executor, "adopt", None)
-                    if adopt is not None:
-                        adopt(record.id, record.attempts, self._on_exit)
-                    counts["kept"] += 1
-                    continue
-                self.attempts[record.id] = record.attempts
-                before = len(pending.transitions)
-                self._retry_or_fail(record.id, "lost on restart: the executor no longer runs it", pending)
-                counts["retried" if len(pending.transitions) - before == 2 else "failed"] += 1
+                try:
+                    counts[self._recover_one(record, alive, pending)] += 1
+                except Exception as err:  # a row this service cannot run must not stop its start
+                    reason = f"at start-up: {err.__class__.__name__}: {err}"
+                    log.error("recovery: job %s quarantined %s", record.id, reason)
+                    if record.id in alive:
+                        self.executor.cancel(record.id)
+                    self._drop(record.id, reason, pending)
+                    counts["quarantined"] += 1
         self._flush(pending)
         return counts
+
+    def _recover_one(self, record: JobRecord, alive: set[str], pending: _Pending) -> str:
+        """Recover one active job; the outcome (a key of :meth:`recover`'s counts)."""
+        if record.problems:
+            raise ValueError("; ".join(record.problems))
+        if record.state == "queued":
+            self._enqueue(record, pending)
+            return "queued"
+        self._enqueue(record, pending)
+        if self.state.queue.pop(record.id, None) is None:  # no option on this cluster: failed with the reason
+            if record.id in alive:
+                self.executor.cancel(record.id)
+            return "failed"
+        if record.id in alive and record.placement is not None and record.plan is not None:
+            self._reattach(record)
+            adopt = getattr(self.executor, "adopt", None)
+            if adopt is not None:
+                adopt(record.id, record.attempts, self._on_exit)
+            return "kept"
+        self.attempts[record.id] = record.attempts
+        before = len(pending.transitions)
+        self._retry_or_fail(record.id, "lost on restart: the executor no longer runs it", pending)
+        return "retried" if len(pending.transitions) - before == 2 else "failed"
 
     def _reattach(self, record: JobRecord) -> None:
         assert record.placement is not None and record.plan is not None
         by_name = {n.name: n.index for n in self.topology.nodes}
+        missing = [name for name in record.placement["nodes"] if name not in by_name]
+        if missing:
+            raise ValueError(
+                f"it runs on {', '.join(missing)}, which cluster {self.cluster.name} does not have "
+                f"(nodes: {', '.join(sorted(by_name)[:8])}{', ...' if len(by_name) > 8 else ''})"
+            )
         nodes = tuple(by_name[name] for name in record.placement["nodes"])
         options = self.cache.options(self.specs[record.id])
         option = next(

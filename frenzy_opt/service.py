@@ -21,6 +21,7 @@ from frenzy_opt.calibrations import CalibrationStore, check_name
 from frenzy_opt.cluster import ClusterSpec
 from frenzy_opt.executors import make_executor
 from frenzy_opt.scenario import Scenario
+from frenzy_opt.store import StoreCorrupt, StoreInUse
 
 DEFAULT_DB = "sqlite:///frenzy-opt.db"
 
@@ -58,8 +59,14 @@ def build_config(
 
 
 def serve(config: ServiceConfig, host: str, port: int) -> None:
-    """Run the service until interrupted."""
-    uvicorn.run(create_app(config), host=host, port=port, log_level="info")
+    """Run the service until interrupted. The store's integrity check and writer lock come first: a
+    corrupt database or one another service writes ends here with the reason, before any row is touched."""
+    try:
+        app = create_app(config)
+        app.state.store.acquire_writer()
+    except (StoreCorrupt, StoreInUse) as err:
+        raise SystemExit(f"frenzy serve: {err}") from None
+    uvicorn.run(app, host=host, port=port, log_level="info")
 
 
 def free_port(host: str = "127.0.0.1") -> int:

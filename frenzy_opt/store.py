@@ -8,13 +8,35 @@ job; the orchestrator is the only writer of state changes.
 Sessions are opened where they are used (``with store.session() as s``) and closed at once: never held by
 a request for its whole life (a session taken from a yield dependency exhausted the pool at 50 concurrent
 requests in an earlier service).
+
+Faults are explicit:
+
+- **One writer.** A service takes the store's writer lock before it recovers (:meth:`Store.acquire_writer`):
+  an exclusive ``flock`` on ``<db>.lock`` for a SQLite file, a session-level advisory lock on PostgreSQL.
+  Both are released by the operating system or the server when the holder dies, so a ``kill -9`` never leaves
+  a stale lock, and a second ``frenzy serve`` on the same database fails with :class:`StoreInUse` before it
+  touches a row.
+- **Integrity.** At start a SQLite file must pass ``PRAGMA quick_check`` and hold the tables
+  (:class:`StoreCorrupt` otherwise); :meth:`Store.health` says when the file was deleted or replaced while
+  the service runs, and every write refuses to go on then (:class:`StoreUnavailable`), rather than writing
+  into an unlinked file or a fresh empty one.
+- **Busy and full.** One busy timeout (:data:`BUSY_TIMEOUT_S`, SQLite's ``busy_timeout`` and PostgreSQL's
+  ``lock_timeout``); a write that still fails raises one of :data:`STORE_FAULTS`, which the orchestrator retries
+  with back-off and the API answers with 503 and ``Retry-After``.
+- **Bad rows.** A row whose JSON cannot be read loads with the problem listed in :attr:`JobRecord.problems`
+  (and the unreadable field empty) instead of raising, so one bad row cannot stop a listing or a start-up;
+  the orchestrator quarantines such rows (:meth:`Store.quarantine`).
 """
 
 from __future__ import annotations
 
+import fcntl
 import json
+import logging
+import os
 import threading
 import time
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -35,12 +57,41 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine, make_url
+from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+
+log = logging.getLogger(__name__)
+
+BUSY_TIMEOUT_S = 30.0
+"""How long a write waits for a lock held by another connection before it fails (SQLite's ``busy_timeout``,
+https://www.sqlite.org/c3ref/busy_timeout.html; PostgreSQL's ``lock_timeout``,
+https://www.postgresql.org/docs/15/runtime-config-client.html)."""
 
 STATES = ("queued", "scheduled", "running", "succeeded", "failed", "cancelled")
 TERMINAL = ("succeeded", "failed", "cancelled")
 ACTIVE = ("queued", "scheduled", "running")
+
+
+class StoreUnavailable(RuntimeError):
+    """The store cannot take writes now (its file is gone, the disk is full, a lock is held too long)."""
+
+
+class StoreCorrupt(RuntimeError):
+    """The database fails its integrity check: the service does not start on it."""
+
+
+class StoreInUse(RuntimeError):
+    """Another service holds the store's writer lock."""
+
+
+STORE_FAULTS: tuple[type[Exception], ...] = (StoreUnavailable, DBAPIError, OSError)
+"""What a store call raises when the database, not the request, is at fault (a locked or full SQLite file, a
+PostgreSQL server gone). :func:`is_store_fault` leaves out integrity errors: those are the request's."""
+
+
+def is_store_fault(err: BaseException) -> bool:
+    return isinstance(err, STORE_FAULTS) and not isinstance(err, IntegrityError)
 
 
 class Base(DeclarativeBase):
@@ -119,6 +170,8 @@ class JobRecord:
     measured: dict[str, Any] | None
     created_at: float
     updated_at: float
+    problems: tuple[str, ...] = ()
+    """What could not be read from the stored row (the field is then empty); quarantined at start-up."""
 
     @staticmethod
     def of(row: JobRow) -> JobRecord:
@@ -134,11 +187,27 @@ class EventRecord:
 
 
 def _record(values: dict[str, Any]) -> JobRecord:
-    """A :class:`JobRecord` from a row's column values."""
+    """A :class:`JobRecord` from a row's column values; a JSON column that does not hold a JSON object is
+    read as empty and named in ``problems``."""
+    problems: list[str] = []
 
-    def load(text: str | None) -> dict[str, Any] | None:
-        return None if text is None else dict(json.loads(text))
+    def load(column: str) -> dict[str, Any] | None:
+        text = values[column]
+        if text is None:
+            return None
+        try:
+            value = json.loads(text)
+        except (TypeError, ValueError) as err:
+            problems.append(f"{column} is not valid JSON ({err})")
+            return None
+        if not isinstance(value, dict):
+            problems.append(f"{column} is not a JSON object")
+            return None
+        return value
 
+    spec = load("spec_json")
+    if spec is None and not any(p.startswith("spec_json") for p in problems):
+        problems.append("spec_json is empty")
     return JobRecord(
         id=values["id"],
         seq=values["seq"],
@@ -146,47 +215,148 @@ def _record(values: dict[str, Any]) -> JobRecord:
         name=values["name"],
         idempotency_key=values["idempotency_key"],
         request_hash=values["request_hash"],
-        spec=json.loads(values["spec_json"]),
+        spec=spec or {},
         state=values["state"],
         reason=values["reason"],
         attempts=values["attempts"],
         max_retries=values["max_retries"],
         weight=values["weight"],
-        plan=load(values["plan_json"]),
-        placement=load(values["placement_json"]),
-        predicted=load(values["predicted_json"]),
-        measured=load(values["measured_json"]),
+        plan=load("plan_json"),
+        placement=load("placement_json"),
+        predicted=load("predicted_json"),
+        measured=load("measured_json"),
         created_at=values["created_at"],
         updated_at=values["updated_at"],
+        problems=tuple(problems),
     )
 
 
-def _sqlite_pragmas(dbapi_connection: Any, _: Any) -> None:
-    # WAL: readers never block the writer and a crash loses at most the last transaction's fsync
-    # (https://www.sqlite.org/wal.html); NORMAL sync is durable across process crashes in WAL mode.
-    cursor = dbapi_connection.cursor()
-    cursor.execute("PRAGMA journal_mode=WAL")
-    cursor.execute("PRAGMA synchronous=NORMAL")
-    cursor.execute("PRAGMA busy_timeout=5000")
-    cursor.execute("PRAGMA foreign_keys=ON")
-    cursor.close()
+def _sqlite_pragmas(busy_timeout_s: float) -> Any:
+    def on_connect(dbapi_connection: Any, _: Any) -> None:
+        # WAL: readers never block the writer and a crash loses at most the last transaction's fsync
+        # (https://www.sqlite.org/wal.html); NORMAL sync is durable across process crashes in WAL mode.
+        cursor = dbapi_connection.cursor()
+        cursor.execute("PRAGMA journal_mode=WAL")
+        cursor.execute("PRAGMA synchronous=NORMAL")
+        cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
+        cursor.execute("PRAGMA foreign_keys=ON")
+        cursor.close()
+
+    return on_connect
+
+
+def sqlite_path(url: str) -> str | None:
+    """The file of a SQLite URL (None for another database or an in-memory one)."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() != "sqlite" or parsed.database in (None, "", ":memory:"):
+        return None
+    return os.path.abspath(parsed.database)
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
 
 
 class Store:
     """The job database."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, *, busy_timeout_s: float = BUSY_TIMEOUT_S) -> None:
         self.url = url
+        self.path = sqlite_path(url)
+        self.backend = make_url(url).get_backend_name()
         kwargs: dict[str, Any] = {}
-        if url.startswith("sqlite"):
-            kwargs["connect_args"] = {"check_same_thread": False, "timeout": 30}
+        if self.backend == "sqlite":
+            # The driver's own wait (``timeout``) and the pragma are the same figure: one busy timeout.
+            kwargs["connect_args"] = {"check_same_thread": False, "timeout": busy_timeout_s}
+        elif self.backend == "postgresql":
+            kwargs["connect_args"] = {"options": f"-c lock_timeout={int(busy_timeout_s * 1000)}"}
+            kwargs["pool_pre_ping"] = True  # a connection the server dropped is replaced, not handed out
         self.engine: Engine = create_engine(url, **kwargs)
-        if url.startswith("sqlite"):
-            event.listen(self.engine, "connect", _sqlite_pragmas)
-        Base.metadata.create_all(self.engine)
+        if self.backend == "sqlite":
+            event.listen(self.engine, "connect", _sqlite_pragmas(busy_timeout_s))
+        self._identity: tuple[int, int] | None = None
+        self.verify()
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._accept = threading.Lock()  # serialises acceptance order (``seq``) within the process
         self._next_seq: int | None = None
+        self._writer: Any = None
+        """The writer lock held (a lock file or a PostgreSQL connection), None when not held."""
+
+    # --- integrity, health and the writer lock ------------------------------------------------------
+
+    def verify(self) -> None:
+        """Create missing tables, then check the database's integrity (module docstring)."""
+        where = self.path or make_url(self.url).render_as_string(hide_password=True)
+        try:
+            Base.metadata.create_all(self.engine)
+            if self.backend == "sqlite":
+                with self.engine.connect() as conn:
+                    result = [str(r[0]) for r in conn.exec_driver_sql("PRAGMA quick_check")]
+                if result != ["ok"]:
+                    raise StoreCorrupt(f"{where} fails SQLite's integrity check: {'; '.join(result[:3])}")
+        except DBAPIError as err:
+            message = str(err.orig)
+            if any(word in message for word in ("malformed", "not a database", "corrupt")):
+                raise StoreCorrupt(f"{where} is not a readable database ({message}): restore it from a backup") from err
+            raise
+        if self.path is not None:
+            self._identity = _identity(self.path)
+
+    def health(self) -> str | None:
+        """Why the store cannot serve now (None when it can): the database does not answer, or its file
+        was deleted or replaced since the service opened it."""
+        if self.path is not None and self._identity is not None and _identity(self.path) != self._identity:
+            state = "deleted" if _identity(self.path) is None else "replaced"
+            return f"the database file {self.path} was {state} while the service ran; restart it on a good file"
+        try:
+            self.ping()
+        except SQLAlchemyError as err:
+            return f"the database does not answer: {err.__class__.__name__}: {str(err).splitlines()[0]}"
+        return None
+
+    def _check_writable(self) -> None:
+        if self.path is not None and self._identity is not None and _identity(self.path) != self._identity:
+            reason = self.health()
+            raise StoreUnavailable(reason or f"the database file {self.path} changed")
+
+    def acquire_writer(self) -> None:
+        """Take the writer lock (module docstring); :class:`StoreInUse` if another service holds it."""
+        if self._writer is not None:
+            return
+        if self.path is not None:
+            handle = open(f"{self.path}.lock", "a+")  # noqa: SIM115 (held open for the service's life)
+            try:
+                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                handle.seek(0)
+                holder = handle.read().strip() or "unknown"
+                handle.close()
+                raise StoreInUse(
+                    f"{self.path} is in use by another frenzy serve ({holder}): stop it, or give this one another --db"
+                ) from None
+            handle.seek(0)
+            handle.truncate()
+            handle.write(f"pid {os.getpid()} on {os.uname().nodename}, since {time.strftime('%Y-%m-%d %H:%M:%S')}")
+            handle.flush()
+            self._writer = handle
+        elif self.backend == "postgresql":
+            conn: Connection = self.engine.connect()
+            key = zlib.crc32(b"frenzy-opt writer") & 0x7FFFFFFF
+            if not conn.exec_driver_sql(f"SELECT pg_try_advisory_lock({key})").scalar():
+                conn.close()
+                where = make_url(self.url).render_as_string(hide_password=True)
+                raise StoreInUse(f"{where} is in use by another frenzy serve: stop it, or give this one another --db")
+            conn.commit()
+            self._writer = conn
+
+    def release_writer(self) -> None:
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            writer.close()  # the lock goes with the file descriptor or the session
 
     @contextmanager
     def session(self) -> Iterator[Session]:
@@ -194,6 +364,7 @@ class Store:
             yield s
 
     def close(self) -> None:
+        self.release_writer()
         self.engine.dispose()
 
     # --- writes ----------------------------------------------------------------------------------------
@@ -233,6 +404,7 @@ class Store:
             "created_at": now,
             "updated_at": now,
         }
+        self._check_writable()
         with self._accept, self.engine.begin() as conn:
             if self._next_seq is None:
                 self._next_seq = int(conn.scalar(select(func.max(JobRow.seq))) or 0) + 1
@@ -252,6 +424,7 @@ class Store:
         for _, state, _, _ in transitions:
             if state not in STATES:
                 raise ValueError(f"state must be one of {', '.join(STATES)}, got {state!r}")
+        self._check_writable()
         now = time.time()
         with self.engine.begin() as conn:
             for job_id, state, detail, fields in transitions:
@@ -265,15 +438,13 @@ class Store:
                     raise KeyError(job_id)
                 conn.execute(insert(EventRow), {"job_id": job_id, "at": now, "state": state, "detail": detail})
 
-    def set_reason(self, job_id: str, reason: str) -> None:
-        """Why a queued job waits (not a state change: no event)."""
-        with self.session() as s:
-            row = s.get(JobRow, job_id)
-            if row is not None and row.reason != reason:
-                row.reason = reason
+    def quarantine(self, job_id: str, reason: str) -> None:
+        """Fail a row that cannot be run (a bad stored row), with its reason, without reading its JSON."""
+        self.apply([(job_id, "failed", f"quarantined: {reason}", {})])
 
     def save_calibration(self, report: dict[str, dict[str, Any]]) -> None:
         """Upsert the fitted efficiencies (:func:`frenzy_opt.closedloop.recalibrate`'s report)."""
+        self._check_writable()
         now = time.time()
         with self.session() as s:
             for key, entry in report.items():

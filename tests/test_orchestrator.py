@@ -193,7 +193,7 @@ def test_recovery_keeps_live_runs_and_retries_lost_ones(tmp_path: Path) -> None:
     survivor = running[0]
     second = Orchestrator(Store(db), CLUSTER, FakeExecutor(alive={survivor}), time_scale=1000.0, cache=CACHE)
     counts = second.recover()
-    assert counts == {"queued": len(queued), "kept": 1, "retried": len(running) - 1, "failed": 0}
+    assert counts == {"queued": len(queued), "kept": 1, "retried": len(running) - 1, "failed": 0, "quarantined": 0}
     assert set(second.running) == {survivor}
     assert set(second.state.queue) == set(jobs) - {survivor}
     lost = [j for j in running if j != survivor]

@@ -3,6 +3,8 @@ quotas, bad input, dry-run plans, cluster view, health and metrics."""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -11,10 +13,11 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from frenzy_opt.api.app import ServiceConfig, create_app
+from frenzy_opt.api.app import ServiceConfig, Throttled, create_app
 from frenzy_opt.api.auth import parse_tenants
 from frenzy_opt.executors.simulated import SimulatedExecutor
 from frenzy_opt.scenario import load_cluster_ref
+from frenzy_opt.spec import parse_job
 
 A, B, ADMIN = "token-team-a", "token-team-b", "token-admin-1"
 TENANTS = {
@@ -29,7 +32,7 @@ SMALL = {"model": "gpt3-125m", "training": {"seq_len": 1024, "global_batch_size"
 LONG = {"model": "llama3-8b", "training": {"seq_len": 4096, "global_batch_size": 512, "train_steps": 100_000}}
 
 
-def _client(tmp_path: Path, time_scale: float, tenants: dict[str, Any] | None = TENANTS) -> TestClient:
+def _client(tmp_path: Path, time_scale: float, tenants: dict[str, Any] | None = TENANTS, **settings: Any) -> TestClient:
     cluster = load_cluster_ref("paper-3type")
     config = ServiceConfig(
         cluster=cluster,
@@ -38,6 +41,7 @@ def _client(tmp_path: Path, time_scale: float, tenants: dict[str, Any] | None = 
         tenants=parse_tenants(tenants or {}, [g.name for g in cluster.gpu_types()]),
         time_scale=time_scale,
         decision_wait_s=5.0,
+        **settings,
     )
     return TestClient(create_app(config))
 
@@ -167,12 +171,61 @@ def test_bad_input_is_422_naming_the_field_and_stores_nothing(
     assert fast.get("/v1/jobs", headers=auth(ADMIN)).json()["total"] == 0
 
 
+ARCH = {"num_layers": 2, "hidden_size": 64, "ffn_hidden_size": 256, "num_attention_heads": 4, "vocab_size": 1000}
+
+
+@pytest.mark.parametrize(
+    ("raw", "field"),
+    [
+        ('{"model": "gpt3-125m", "training": {"seq_len": true}}', "seq_len"),
+        ('{"model": "gpt3-125m", "weight": "1.5"}', "weight"),
+        ('{"model": "gpt3-125m", "training": {"train_steps": 10.0}}', "train_steps"),
+        ('{"model": ' + json.dumps({**ARCH, "linear_bias": 0}) + "}", "linear_bias"),
+        ('{"model": "gpt3-125m", "weight": NaN}', "weight"),
+        ('{"model": "gpt3-125m", "training": {"memory_headroom": Infinity}}', "memory_headroom"),
+    ],
+)
+def test_input_types_are_strict_and_errors_name_the_field(fast: TestClient, raw: str, field: str) -> None:
+    answer = fast.post("/v1/jobs", content=raw, headers={**auth(A), "Content-Type": "application/json"})
+    assert answer.status_code == 422, answer.text
+    assert any(field in [str(part) for part in error["loc"]] for error in answer.json()["detail"]), answer.text
+    assert fast.get("/v1/jobs", headers=auth(ADMIN)).json()["total"] == 0
+
+
 def test_oversize_bodies_are_refused(fast: TestClient) -> None:
     answer = fast.post(
         "/v1/jobs", content=b"{" + b" " * (2 << 20) + b"}", headers={**auth(A), "Content-Type": "application/json"}
     )
     assert answer.status_code == 413
+
+    def chunks() -> Iterator[bytes]:  # no Content-Length: chunked transfer encoding
+        yield b"{"
+        for _ in range(20):
+            yield b" " * (1 << 16)
+        yield b"}"
+
+    chunked = fast.post("/v1/jobs", content=chunks(), headers={**auth(A), "Content-Type": "application/json"})
+    assert chunked.status_code == 413, chunked.text
     assert fast.get("/v1/jobs", headers=auth(ADMIN)).json()["total"] == 0
+    small = fast.post(
+        "/v1/jobs", content=iter([json.dumps(SMALL).encode()]), headers={**auth(A), "Content-Type": "application/json"}
+    )
+    assert small.status_code == 202, small.text  # a chunked body under the limit goes through
+
+
+def test_openapi_documents_every_answer(fast: TestClient) -> None:
+    paths = fast.get("/openapi.json").json()["paths"]
+    assert {"400", "409", "413", "422", "503"} <= set(paths["/v1/jobs"]["post"]["responses"])
+    assert {"409", "503"} <= set(paths["/v1/jobs/{job_id}/cancel"]["post"]["responses"])
+    assert "429" in paths["/v1/plans"]["post"]["responses"]
+
+
+def test_per_tenant_metrics_need_the_admin_token(fast: TestClient) -> None:
+    fast.post("/v1/jobs", json=SMALL, headers=auth(A))
+    for headers in ({}, auth(A), auth("not-a-token")):
+        text = fast.get("/metrics", headers=headers).text
+        assert "frenzy_queue_length" in text and "team-a" not in text and "frenzy_jobs_submitted" not in text
+    assert 'frenzy_jobs_submitted_total{tenant="team-a"} 1.0' in fast.get("/metrics", headers=auth(ADMIN)).text
 
 
 def test_plans_dry_run_lists_ranked_plans_and_stores_nothing(fast: TestClient) -> None:
@@ -184,6 +237,58 @@ def test_plans_dry_run_lists_ranked_plans_and_stores_nothing(fast: TestClient) -
     assert body["num_plans"] >= 5 and set(body["min_gpus_per_type"]) <= {"A100-SXM4-80GB", "V100-SXM2-32GB", "RTX-3090"}
     assert fast.get("/v1/jobs", headers=auth(ADMIN)).json()["total"] == 0
     assert fast.post("/v1/plans", params={"top": 0}, json=LONG, headers=auth(A)).status_code == 422
+
+
+def test_plan_searches_are_cached_by_what_changes_them_and_bounded(tmp_path: Path) -> None:
+    with _client(tmp_path, 1e9, plan_cache_bytes=120_000, plans_burst=1000) as client:
+        searches = client.app.state.searches  # type: ignore[attr-defined]
+        first = None
+        for steps in range(1, 101):  # 100 distinct requests that differ only in their step count
+            body = {**LONG, "name": f"run-{steps}", "training": {**LONG["training"], "train_steps": steps}}
+            answer = client.post("/v1/plans", params={"top": 3}, json=body, headers=auth(A))
+            assert answer.status_code == 200
+            plans = answer.json()["plans"]
+            first = first or plans
+            assert [p["step_time_s"] for p in plans] == [p["step_time_s"] for p in first]
+            assert plans[0]["est_runtime_s"] == pytest.approx(plans[0]["step_time_s"] * steps)
+        assert searches.searches == 1
+        for seq_len in (512, 1024, 2048):  # each a search of its own (about 50 kB of results each)
+            body = {**LONG, "training": {**LONG["training"], "seq_len": seq_len}}
+            assert client.post("/v1/plans", json=body, headers=auth(A)).status_code == 200
+        assert searches.searches == 4 and 0 < searches.cache_bytes <= 120_000
+        assert len(searches) < 4  # the least recently used went
+
+
+def test_plan_searches_are_rate_limited_per_tenant(tmp_path: Path) -> None:
+    with _client(tmp_path, 1e9, plans_per_minute=1, plans_burst=2) as client:
+        for _ in range(2):
+            assert client.post("/v1/plans", json=SMALL, headers=auth(A)).status_code == 200
+        refused = client.post("/v1/plans", json=SMALL, headers=auth(A))
+        assert refused.status_code == 429 and int(refused.headers["retry-after"]) >= 1
+        assert "rate" in refused.json()["detail"]
+        assert client.post("/v1/plans", json=SMALL, headers=auth(B)).status_code == 200  # another tenant's own
+        assert client.post("/v1/jobs", json=SMALL, headers=auth(A)).status_code == 202  # submissions are not
+
+
+def test_plan_searches_run_at_most_n_at_once_per_tenant(tmp_path: Path) -> None:
+    async def two_at_once(searches: Any) -> str:
+        one = parse_job(SMALL)
+        other = parse_job({**SMALL, "training": {**SMALL["training"], "seq_len": 512}})
+        running = asyncio.ensure_future(searches.summary(one, "team-a"))
+        await asyncio.sleep(0)
+        try:
+            await searches.summary(other, "team-a")
+        except Throttled as err:
+            message = str(err)
+        else:
+            message = "not throttled"
+        await running
+        await searches.summary(other, "team-b")  # another tenant may search meanwhile
+        return message
+
+    with _client(tmp_path, 1e9, plan_searches_per_tenant=1) as client:
+        message = asyncio.run(two_at_once(client.app.state.searches))  # type: ignore[attr-defined]
+        assert "already has 1 plan searches running" in message
 
 
 def test_cluster_health_and_metrics(slow: TestClient) -> None:
