@@ -41,10 +41,10 @@ def test_a_real_uvicorn_server_on_loopback(tmp_path: Path) -> None:
         )
 
 
-def _serve(db: str, port: int, time_scale: float) -> subprocess.Popen[bytes]:
+def _serve(db: str, port: int, time_scale: float, stderr: Any = subprocess.DEVNULL) -> subprocess.Popen[bytes]:
     command = [sys.executable, "-P", "-m", "frenzy_opt.cli", "serve", "--port", str(port), "--db", db]
     command += ["--time-scale", str(time_scale)]
-    return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr)
 
 
 def _wait_up(url: str, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
@@ -71,8 +71,8 @@ def _all_jobs(client: httpx.Client) -> list[dict[str, Any]]:
 
 
 @pytest.mark.slow
-def test_kill_minus_9_mid_schedule_then_restart_finds_every_job_exactly_once(tmp_path: Path) -> None:
-    db = f"sqlite:///{tmp_path / 'jobs.db'}"
+def test_kill_minus_9_mid_schedule_then_restart_finds_every_job_exactly_once(db_url: str) -> None:
+    db = db_url
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     # 200 cluster seconds per second: the 1.3 B jobs run for several seconds, so some are mid-run at the kill.
@@ -117,6 +117,29 @@ def test_kill_minus_9_mid_schedule_then_restart_finds_every_job_exactly_once(tmp
     finally:
         proc.terminate()
         proc.wait(20)
+
+
+@pytest.mark.slow
+def test_a_second_serve_on_the_same_database_exits_before_touching_it(db_url: str) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    first = _serve(db_url, port, time_scale=1.0)
+    try:
+        _wait_up(url, first)
+        with httpx.Client(base_url=url, timeout=30) as client:
+            job = client.post("/v1/jobs", json=MEDIUM).json()
+            assert job["state"] == "running"
+            before = client.get(f"/v1/jobs/{job['id']}").json()["history"]
+            # The same port too: the second fails at the writer lock, before recovery and before binding.
+            second = _serve(db_url, port, time_scale=1.0, stderr=subprocess.PIPE)
+            _, err = second.communicate(timeout=60)
+            assert second.returncode != 0
+            assert b"in use by another frenzy serve" in err, err.decode()[-2000:]
+            after = client.get(f"/v1/jobs/{job['id']}").json()
+            assert after["state"] == "running" and after["history"] == before
+    finally:
+        first.terminate()
+        first.wait(20)
 
 
 @pytest.mark.slow
