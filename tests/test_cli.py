@@ -118,7 +118,7 @@ def check_prediction(payload: dict[str, Any], gpu: str, pp: int) -> None:
 
 def test_predict_catalogue_model_pipeline(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     job = job_file(tmp_path, parallel={"tp": 2, "pp": 4})
-    payload = run_json(capsys, "predict", job, "--gpu", "a100-80gb")
+    payload = run_json(capsys, "predict", job, "--gpu", "A100-SXM4-80GB")
     check_prediction(payload, "A100-SXM4-80GB", pp=4)
     assert payload["parallel"]["tp"] == 2
     stages = payload["stages"]
@@ -150,14 +150,16 @@ def test_larger_micro_batch_never_lowers_peak(
     job = job_file(tmp_path, parallel=parallel) if parallel else job_file(tmp_path)
     peaks = []
     for mbs in (1, 2, 4, 8):
-        payload = run_json(capsys, "predict", job, "--gpu", "H100", "--micro-batch-size", str(mbs))
+        payload = run_json(capsys, "predict", job, "--gpu", "H100-SXM5-80GB", "--micro-batch-size", str(mbs))
         peaks.append(payload["peak_allocated_bytes"])
     assert peaks == sorted(peaks)
     assert peaks[-1] > peaks[0]
 
 
 def test_micro_batch_override_is_validated(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, err = run_cli(capsys, "predict", job_file(tmp_path), "--gpu", "H100", "--micro-batch-size", "3")
+    code, out, err = run_cli(
+        capsys, "predict", job_file(tmp_path), "--gpu", "H100-SXM5-80GB", "--micro-batch-size", "3"
+    )
     assert code == 2 and out == ""
     assert "training.global_batch_size" in err
 
