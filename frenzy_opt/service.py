@@ -109,7 +109,9 @@ def _describe(item: dict[str, Any], name: str, now: float, age_s: float) -> str 
     if item["state"] == "running" and item["plan"]:
         plan, nodes = item["plan"], ", ".join(item["placement"]["nodes"])
         par = plan["parallel"]
-        shape = f"dp{par['dp']} tp{par['tp']} pp{par['pp']} zero{par['zero_stage']}"
+        shape = f"dp{par['dp']} tp{par['tp']} pp{par['pp']}"
+        shape += "".join(f" {k}{par[k]}" for k in ("vpp", "cp", "ep") if (par.get(k) or 1) != 1)
+        shape += f" zero{par['zero_stage']}"
         hours = plan["est_runtime_s"] / 3600
         return f"{clock} start   {name:<22} {plan['num_gpus']} x {plan['gpu_type']} {shape} on {nodes}; {hours:.2f} h"
     if item["state"] == "queued":

@@ -48,8 +48,10 @@ from sqlalchemy import (
     Index,
     Integer,
     String,
+    Table,
     Text,
     UniqueConstraint,
+    bindparam,
     create_engine,
     event,
     func,
@@ -146,6 +148,17 @@ class CalibrationRow(Base):
     samples: Mapped[int] = mapped_column(Integer)
     report_json: Mapped[str] = mapped_column(Text)
     updated_at: Mapped[float] = mapped_column(Float)
+
+
+# The hot paths' statements, built once (building a Core statement per call cost more than running it).
+_JOBS: Table = JobRow.__table__  # type: ignore[assignment]  # a declarative class's table is a Table
+_EVENTS: Table = EventRow.__table__  # type: ignore[assignment]
+_GET = select(_JOBS).where(_JOBS.c.id == bindparam("b_id"))
+_BY_KEY = select(_JOBS).where(_JOBS.c.tenant == bindparam("b_tenant"), _JOBS.c.idempotency_key == bindparam("b_key"))
+_UPDATE = update(_JOBS).where(_JOBS.c.id == bindparam("b_id"))
+"""SET from the parameters' column names."""
+_INSERT_JOB = insert(_JOBS)
+_INSERT_EVENT = insert(_EVENTS)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -409,8 +422,8 @@ class Store:
             if self._next_seq is None:
                 self._next_seq = int(conn.scalar(select(func.max(JobRow.seq))) or 0) + 1
             values["seq"] = self._next_seq
-            conn.execute(insert(JobRow), values)
-            conn.execute(insert(EventRow), {"job_id": job_id, "at": now, "state": "queued", "detail": "accepted"})
+            conn.execute(_INSERT_JOB, values)
+            conn.execute(_INSERT_EVENT, {"job_id": job_id, "at": now, "state": "queued", "detail": "accepted"})
             self._next_seq += 1
         return _record(values)
 
@@ -426,17 +439,21 @@ class Store:
                 raise ValueError(f"state must be one of {', '.join(STATES)}, got {state!r}")
         self._check_writable()
         now = time.time()
+        events = []
         with self.engine.begin() as conn:
             for job_id, state, detail, fields in transitions:
-                values: dict[str, Any] = {"state": state, "reason": fields.get("reason", detail), "updated_at": now}
+                values: dict[str, Any] = {"b_id": job_id, "state": state, "updated_at": now}
+                values["reason"] = fields.get("reason", detail)
                 for key, value in fields.items():
                     if key in ("plan", "placement", "measured", "predicted"):
                         values[f"{key}_json"] = None if value is None else json.dumps(value)
                     elif key != "reason":
                         values[key] = value
-                if conn.execute(update(JobRow).where(JobRow.id == job_id).values(**values)).rowcount != 1:
+                if conn.execute(_UPDATE, values).rowcount != 1:
                     raise KeyError(job_id)
-                conn.execute(insert(EventRow), {"job_id": job_id, "at": now, "state": state, "detail": detail})
+                events.append({"job_id": job_id, "at": now, "state": state, "detail": detail})
+            if events:
+                conn.execute(_INSERT_EVENT, events)  # one executemany, in order (ids ascend)
 
     def quarantine(self, job_id: str, reason: str) -> None:
         """Fail a row that cannot be run (a bad stored row), with its reason, without reading its JSON."""
@@ -471,13 +488,12 @@ class Store:
 
     def get(self, job_id: str) -> JobRecord | None:
         with self.engine.connect() as conn:
-            row = conn.execute(select(JobRow.__table__).where(JobRow.id == job_id)).mappings().first()
+            row = conn.execute(_GET, {"b_id": job_id}).mappings().first()
             return None if row is None else _record(dict(row))
 
     def by_key(self, tenant: str, key: str) -> JobRecord | None:
         with self.engine.connect() as conn:
-            query = select(JobRow.__table__).where(JobRow.tenant == tenant, JobRow.idempotency_key == key)
-            row = conn.execute(query).mappings().first()
+            row = conn.execute(_BY_KEY, {"b_tenant": tenant, "b_key": key}).mappings().first()
             return None if row is None else _record(dict(row))
 
     def events(self, job_id: str) -> list[EventRecord]:

@@ -94,7 +94,9 @@ class Layout:
 
 def check_plan(job: JobSpec, parallel: ParallelConfig, micro_batch_size: int, world: int) -> int:
     """The number of micro-batches per step; ``ValueError`` names what this worker cannot run."""
-    reason = worker_supports(parallel, job.model)
+    per_step = micro_batch_size * parallel.dp
+    # The same rule the executors' filter applies (worker_supports), with this step's micro-batch count.
+    reason = worker_supports(parallel, job.model, job.training.global_batch_size // per_step)
     if reason is not None:
         raise ValueError(f"train: the worker runs {SUPPORTED}; not {reason}")
     if parallel.num_gpus != world:
@@ -102,7 +104,6 @@ def check_plan(job: JobSpec, parallel: ParallelConfig, micro_batch_size: int, wo
     arch = job.model
     if arch.num_attention_heads % parallel.tp or arch.num_kv_heads % parallel.tp or arch.ffn_hidden_size % parallel.tp:
         raise ValueError(f"train: tp={parallel.tp} must divide heads, kv heads and ffn of the model")
-    per_step = micro_batch_size * parallel.dp
     if job.training.global_batch_size % per_step:
         raise ValueError(
             f"train: global_batch_size {job.training.global_batch_size} must be a multiple of "

@@ -315,3 +315,13 @@ def test_local_mode_needs_no_token(tmp_path: Path) -> None:
         body = client.post("/v1/jobs", json=SMALL).json()
         assert body["tenant"] == "local"
         assert client.get(f"/v1/jobs/{body['id']}").status_code == 200
+
+
+def test_the_demo_line_of_a_start_shows_every_parallel_dimension() -> None:
+    from frenzy_opt.service import _describe
+
+    plan = {"gpu_type": "A100-SXM4-80GB", "num_gpus": 16, "est_runtime_s": 3600.0}
+    plan["parallel"] = {"dp": 1, "tp": 4, "pp": 2, "vpp": None, "cp": 2, "ep": 1, "zero_stage": 1}
+    item = {"state": "running", "plan": plan, "placement": {"nodes": ["n0", "n1"]}}
+    line = _describe(item, "job", 0.0, 0.0)
+    assert line is not None and "dp1 tp4 pp2 cp2 zero1" in line and "ep" not in line.split("zero")[0]

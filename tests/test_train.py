@@ -163,6 +163,8 @@ def test_unsupported_plans_are_refused_with_the_reason() -> None:
         check_plan(job, ParallelConfig(dp=3), 2, 3)
     assert check_plan(job, ParallelConfig(dp=2, tp=2), 2, 4) == 2
     assert check_plan(job, ParallelConfig(dp=2, pp=2, zero_stage=3), 2, 4) == 2  # FSDP2 x pp runs
+    with pytest.raises(ValueError, match="1F1B needs at least pp"):  # the executors' filter's own words
+        check_plan(job, ParallelConfig(dp=2, pp=2), job.training.global_batch_size // 2, 4)
     with pytest.raises(ValueError, match="sequence_parallel with pp > 1"):
         check_plan(job, ParallelConfig(dp=2, pp=2, zero_stage=2, sequence_parallel=True, tp=2), 2, 8)
 
