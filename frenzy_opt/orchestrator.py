@@ -210,7 +210,12 @@ class Orchestrator:
         self.on_decision = on_decision
         self._decided: dict[str, threading.Event] = {}
         self._wake: list[threading.Event] = []
-        self._waits: dict[str, tuple[tuple[Option | None, float] | None, float]] = {}
+        self._waiting: dict[str, tuple[Option | None, float]] = {}
+        """What the last decision said each queued job waits for (the greedy's ``waiting``) ..."""
+        self._decided_at = 0.0
+        """... and when it was made."""
+        self._fresh: set[str] = set()
+        """Queued jobs no decision has considered yet."""
         self._events: queue.Queue[tuple[Any, ...]] = queue.Queue()
         self._lock = threading.RLock()
         self._thread: threading.Thread | None = None
@@ -275,10 +280,9 @@ class Orchestrator:
         with self._lock:
             reason = self.reasons.get(job_id)
             job = self.state.queue.get(job_id)
-            wait = self._waits.get(job_id)
-            if job is None or wait is None:
+            if job is None or job_id in self._fresh:
                 return reason
-            waiting, at = wait
+            waiting, at = self._waiting.get(job_id), self._decided_at
             if waiting is None:
                 return "queued: no GPU free for it at the last decision"
             option, start = waiting
@@ -392,7 +396,7 @@ class Orchestrator:
             self.executor.cancel(job_id)
             self._release(job_id)
         self.reasons.pop(job_id, None)
-        self._waits.pop(job_id, None)
+        self._fresh.discard(job_id)
         self.quarantined[job_id] = reason
         pending.add(job_id, "failed", f"quarantined: {reason}")
         self._mark_decided(job_id)
@@ -439,6 +443,7 @@ class Orchestrator:
         submitted = self.submitted.setdefault(record.id, self.now())
         self.state.queue[record.id] = self._problem_job(record.id, spec, options, submitted, record.weight)
         self.reasons[record.id] = "queued: waiting for the next decision"
+        self._fresh.add(record.id)
 
     def _release(self, job_id: str) -> Run | None:
         run = self.running.pop(job_id, None)
@@ -500,6 +505,7 @@ class Orchestrator:
             self.steps_left.pop(job_id, None)  # a failed attempt starts over
             self.state.queue[job_id] = self._problem_job(job_id, spec, self.cache.options(spec), submitted, weight)
             self.reasons[job_id] = f"queued for retry {attempts} of {limit} after: {cause}"
+            self._fresh.add(job_id)
         else:
             pending.add(job_id, "failed", f"attempt {attempts} failed: {cause}; retry limit {limit} reached")
             self.reasons.pop(job_id, None)
@@ -513,7 +519,7 @@ class Orchestrator:
             self._release(job_id)
             pending.add(job_id, "cancelled", "cancelled while running; GPUs released")
         self.reasons.pop(job_id, None)
-        self._waits.pop(job_id, None)
+        self._fresh.discard(job_id)
 
     def _problem_job(
         self, job_id: str, spec: JobSpec, options: tuple[Option, ...], submitted: float, weight: float
@@ -573,6 +579,7 @@ class Orchestrator:
                 f"stopped {why} after {before - left} of {before} steps; resumes from its checkpoint",
             )
             self.reasons[move.job] = "queued: stopped, waiting to resume"
+            self._fresh.add(move.job)
 
     def _decide(self, pending: _Pending) -> list[Launch]:
         now = self.now()
@@ -619,7 +626,6 @@ class Orchestrator:
             )
             pending.add(a.job, "running", f"attempt {attempt} launched ({self.executor.name})")
             self.reasons.pop(a.job, None)
-            self._waits.pop(a.job, None)
             launches.append(
                 Launch(
                     job_id=a.job,
@@ -632,8 +638,11 @@ class Orchestrator:
                 )
             )
             self._mark_decided(a.job)
-        for job_id in self.state.queue:
-            self._waits[job_id] = (self.state.waiting.get(job_id), now)
+        # Every queued job was considered: O(waiters) here, not O(queue) (a decision with a long queue spent
+        # more time noting this per job than deciding).
+        self._waiting, self._decided_at = self.state.waiting, now
+        self._fresh.clear()
+        for job_id in [j for j in self._decided if j in self.state.queue]:
             self._mark_decided(job_id)
         return launches
 

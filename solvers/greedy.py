@@ -47,7 +47,7 @@ from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Protocol
+from typing import Any, Protocol
 
 from frenzy_opt.problem import Assignment, Option, ProblemJob, Schedule, SchedulingProblem
 from frenzy_opt.solvers.base import register
@@ -255,6 +255,45 @@ class Admission(Protocol):
     def take(self, job: str, option: Option) -> None: ...
 
 
+class _Queue(dict[str, ProblemJob]):
+    """The queue: a dict that notes what was put and whether anything left since the decision order was
+    last taken, so that :meth:`GreedyState._order` updates the order instead of sorting the queue again."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.added: list[str] = list(self)
+        self.removed = False
+
+    def __setitem__(self, key: str, value: ProblemJob) -> None:
+        super().__setitem__(key, value)
+        self.added.append(key)
+
+    def __delitem__(self, key: str) -> None:
+        super().__delitem__(key)
+        self.removed = True
+
+    def pop(self, key: str, *default: Any) -> Any:
+        self.removed = True
+        return super().pop(key, *default)
+
+    def popitem(self) -> tuple[str, ProblemJob]:
+        self.removed = True
+        return super().popitem()
+
+    def clear(self) -> None:
+        self.removed = True
+        super().clear()
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        if key not in self:
+            self[key] = default
+        return self[key]
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        for key, value in dict(*args, **kwargs).items():
+            self[key] = value
+
+
 @dataclass
 class GreedyState:
     """The online scheduler's state: free GPUs, running jobs, the queue."""
@@ -263,7 +302,7 @@ class GreedyState:
     free: dict[str, _FreeIndex] = field(init=False)
     capacity: dict[str, int] = field(init=False)
     running: list[tuple[float, int, _Running]] = field(default_factory=list)
-    queue: dict[str, ProblemJob] = field(default_factory=dict)
+    queue: dict[str, ProblemJob] = field(default_factory=_Queue)
     by_job: dict[str, _Running] = field(default_factory=dict)
     _ranks: dict[str, tuple[float, float, float, str]] = field(default_factory=dict)
     _ranked_options: dict[str, tuple[Option, ...]] = field(default_factory=dict)
@@ -290,8 +329,12 @@ class GreedyState:
 
     _first_start: dict[str, float] = field(default_factory=dict)
     _seq: int = 0
+    _ordered: list[ProblemJob] | None = None
+    """The queue in rank order as of the last :meth:`_order` (kept up to date from :class:`_Queue`'s notes)."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.queue, _Queue):
+            self.queue = _Queue(self.queue)
         self.free = {t: _FreeIndex(self.problem.topology, t) for t in self.problem.topology.gpu_types}
         self.capacity = {t: self.problem.topology.num_gpus_of(t) for t in self.problem.topology.gpu_types}
         for busy in self.problem.busy:
@@ -388,10 +431,33 @@ class GreedyState:
                 self._deadlines.add(job.id)
         return key
 
+    def _ranked(self) -> list[ProblemJob]:
+        """The queue sorted by :meth:`_rank`: the last order without what left or was replaced, with what was
+        put inserted by bisection (the same order as a full sort: the rank ends with the job's id, so no two
+        are equal). A fresh list; the cached one is never changed in place."""
+        queue = self.queue
+        if not isinstance(queue, _Queue):  # a plain dict was assigned: take it over (and sort it whole)
+            queue = self.queue = _Queue(queue)
+            self._ordered = None
+        order = self._ordered
+        if order is None or len(queue.added) > len(queue) // 4:
+            order = sorted(queue.values(), key=self._rank)
+        else:
+            added = set(queue.added)
+            if queue.removed or added:
+                order = [job for job in order if job.id not in added and queue.get(job.id) is job]
+            for job_id in added:
+                job = queue.get(job_id)
+                if job is not None:
+                    bisect.insort(order, job, key=self._rank)
+        queue.added, queue.removed = [], False
+        self._ordered = order
+        return list(order)
+
     def _order(self, now: float) -> list[ProblemJob]:
         """The queue in decision order (module docstring): rank, with near-deadline jobs moved to the front of
         their priority class."""
-        order = sorted(self.queue.values(), key=self._rank)
+        order = self._ranked()
         if not self._deadlines:
             return order
 
@@ -431,6 +497,8 @@ class GreedyState:
         # Where each placement shape fits now; like ``horizons``, dropped for a type when a job starts on it.
         fits: dict[tuple[str, int, int], tuple[int, ...] | None] = {}
         free_total = sum(index.count for index in self.free.values())
+        if free_total == 0:
+            return started  # nothing can start (the loop below would stop at its first job)
         # GPU-seconds ahead of a waiting job on each type: what runs there now, and what earlier jobs of this
         # decision chose to wait for (the queue ahead, as a fluid: Harchol-Balter 2013, ch. 13).
         ahead: dict[str, float] = {}

@@ -7,6 +7,8 @@ import itertools
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from frenzy_opt.cluster import parse_cluster
 from frenzy_opt.executors import ExitInfo, Launch, OnExit
@@ -234,3 +236,30 @@ def test_the_service_preempts_a_long_job_for_a_short_one_and_resumes_it(tmp_path
     orch.process([("exit", short, executor.launched[short].attempt, ExitInfo(ok=True))])
     assert long in orch.running and executor.launched[long].spec.training.train_steps == left
     store.close()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["put", "del", "pop", "order"]), st.integers(0, 30), st.integers(1, 5)),
+        max_size=120,
+    )
+)
+def test_the_incremental_queue_order_is_the_full_sort(steps: list[tuple[str, int, int]]) -> None:
+    """The decision order kept up to date from the queue's changes (GreedyState._ranked) equals a sort of
+    the whole queue after any sequence of puts (new jobs and replaced ones), deletions and orders."""
+    state = GreedyState(SchedulingProblem(topology=TOPOLOGY, jobs=()))
+    for op, n, size in steps:
+        job_id = f"j{n}"
+        if op == "put":
+            weight = 1.0 + (n * 7 + size) % 5
+            state.queue[job_id] = ProblemJob(
+                id=job_id, arrival_s=float(n % 4), weight=weight, options=(_option(size, 100.0 * size + n),)
+            )
+        elif op == "del" and job_id in state.queue:
+            del state.queue[job_id]
+        elif op == "pop":
+            state.queue.pop(job_id, None)
+        else:
+            assert state._ranked() == sorted(state.queue.values(), key=state._rank)
+    assert state._ranked() == sorted(state.queue.values(), key=state._rank)
