@@ -13,7 +13,7 @@ JCT of a job = end - arrival; the objective = sum of weight x JCT (contract 3).
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
@@ -167,6 +167,7 @@ class OptionCache:
         max_options_per_type: int = 4,
         plan_filter: Callable[[Plan, JobSpec], bool] | None = None,
         step_model: StepTimeModel = DEFAULT_STEP_MODEL,
+        max_searches: int = 4096,
     ) -> None:
         self.cluster = cluster
         self.topology = topology
@@ -174,7 +175,12 @@ class OptionCache:
         self.plan_filter = plan_filter
         """Only plans it accepts become options (e.g. what an executor can run)."""
         self.step_model = step_model
-        self._searches: dict[tuple[object, ...], tuple[dict[tuple[str, int], Option], tuple[Option, ...]]] = {}
+        self.max_searches = max_searches
+        """Searches kept (least recently used dropped first): about 30 kB each on a 2,048-GPU cluster, so the
+        default bounds the cache near 100 MB however many distinct jobs a service sees."""
+        self._searches: OrderedDict[tuple[object, ...], tuple[dict[tuple[str, int], Option], tuple[Option, ...]]] = (
+            OrderedDict()
+        )
 
     def _search(self, spec: JobSpec) -> tuple[dict[tuple[str, int], Option], tuple[Option, ...]]:
         t = spec.training
@@ -182,7 +188,9 @@ class OptionCache:
         key: tuple[object, ...] = (spec.model, spec.parallel, spec.pinned, t.seq_len, t.micro_batch_size)
         key += (t.global_batch_size, t.precision, t.optimizer, t.runtime, spec.scheduling.max_gpus)
         found = self._searches.get(key)
-        if found is None:
+        if found is not None:
+            self._searches.move_to_end(key)
+        else:
             one_step = replace(spec, name="", training=replace(t, train_steps=1))
             keep = self.plan_filter
             # The filter runs inside the search, before its dominance rules prune (enumerate_plans).
@@ -193,6 +201,8 @@ class OptionCache:
             if cap is not None:
                 per_count = {key: o for key, o in per_count.items() if o.num_gpus <= cap}
             found = self._searches[key] = (per_count, pareto_options(per_count, self.max_options_per_type))
+            while len(self._searches) > self.max_searches:
+                self._searches.popitem(last=False)
         return found
 
     def per_step(self, spec: JobSpec) -> tuple[Option, ...]:

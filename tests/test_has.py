@@ -263,3 +263,18 @@ def test_the_incremental_queue_order_is_the_full_sort(steps: list[tuple[str, int
         else:
             assert state._ranked() == sorted(state.queue.values(), key=state._rank)
     assert state._ranked() == sorted(state.queue.values(), key=state._rank)
+
+
+def test_the_option_cache_is_bounded_and_keeps_what_is_used() -> None:
+    cluster = load_cluster_ref("paper-3type")
+    cache = OptionCache(cluster, Topology(cluster), max_searches=2)
+    specs = [
+        parse_job({"model": "gpt3-125m", "training": {"seq_len": n, "global_batch_size": 32}}) for n in (512, 1024)
+    ]
+    first = cache.per_step(specs[0])
+    cache.per_step(specs[1])
+    assert cache.per_step(specs[0]) is first  # a hit, now the most recently used
+    cache.per_step(parse_job({"model": "gpt3-125m", "training": {"seq_len": 2048, "global_batch_size": 32}}))
+    assert len(cache._searches) == 2
+    assert cache.per_step(specs[0]) is first  # kept; the 1024 search was the one dropped
+    assert cache.per_step(specs[1]) is not None and len(cache._searches) == 2
