@@ -419,7 +419,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
 
     def writable() -> None:
         """503 unless the store takes writes (module docstring)."""
-        reason = orchestrator.store_fault or store.health()
+        reason = orchestrator.store_fault or store.file_problem()  # a query per request would cost 0.3 ms
         if reason is not None:
             metrics.unavailable.inc()
             raise _unavailable(reason)

@@ -294,7 +294,10 @@ class Store:
         self._identity: tuple[int, int] | None = None
         self.verify()
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
-        self._accept = threading.Lock()  # serialises acceptance order (``seq``) within the process
+        self._write = threading.Lock()
+        """Serialises this process's writes: acceptance order (``seq``), and no two of its own transactions
+        wait on each other in SQLite's busy handler (which sleeps in steps of up to 100 ms: the tail of
+        submission latency under concurrency); other processes still meet the busy timeout."""
         self._next_seq: int | None = None
         self._writer: Any = None
         """The writer lock held (a lock file or a PostgreSQL connection), None when not held."""
@@ -322,19 +325,30 @@ class Store:
     def health(self) -> str | None:
         """Why the store cannot serve now (None when it can): the database does not answer, or its file
         was deleted or replaced since the service opened it."""
-        if self.path is not None and self._identity is not None and _identity(self.path) != self._identity:
-            state = "deleted" if _identity(self.path) is None else "replaced"
-            return f"the database file {self.path} was {state} while the service ran; restart it on a good file"
+        problem = self.file_problem()
+        if problem is not None:
+            return problem
         try:
             self.ping()
         except SQLAlchemyError as err:
             return f"the database does not answer: {err.__class__.__name__}: {str(err).splitlines()[0]}"
         return None
 
+    def file_problem(self) -> str | None:
+        """Why writes would go astray (the SQLite file was deleted or replaced), without a query: cheap
+        enough for every request."""
+        if self.path is None or self._identity is None:
+            return None
+        now = _identity(self.path)
+        if now == self._identity:
+            return None
+        state = "deleted" if now is None else "replaced"
+        return f"the database file {self.path} was {state} while the service ran; restart it on a good file"
+
     def _check_writable(self) -> None:
-        if self.path is not None and self._identity is not None and _identity(self.path) != self._identity:
-            reason = self.health()
-            raise StoreUnavailable(reason or f"the database file {self.path} changed")
+        problem = self.file_problem()
+        if problem is not None:
+            raise StoreUnavailable(problem)
 
     def acquire_writer(self) -> None:
         """Take the writer lock (module docstring); :class:`StoreInUse` if another service holds it."""
@@ -418,7 +432,7 @@ class Store:
             "updated_at": now,
         }
         self._check_writable()
-        with self._accept, self.engine.begin() as conn:
+        with self._write, self.engine.begin() as conn:
             if self._next_seq is None:
                 self._next_seq = int(conn.scalar(select(func.max(JobRow.seq))) or 0) + 1
             values["seq"] = self._next_seq
@@ -440,7 +454,7 @@ class Store:
         self._check_writable()
         now = time.time()
         events = []
-        with self.engine.begin() as conn:
+        with self._write, self.engine.begin() as conn:
             for job_id, state, detail, fields in transitions:
                 values: dict[str, Any] = {"b_id": job_id, "state": state, "updated_at": now}
                 values["reason"] = fields.get("reason", detail)
@@ -463,7 +477,7 @@ class Store:
         """Upsert the fitted efficiencies (:func:`frenzy_opt.closedloop.recalibrate`'s report)."""
         self._check_writable()
         now = time.time()
-        with self.session() as s:
+        with self._write, self.session() as s:
             for key, entry in report.items():
                 row = s.get(CalibrationRow, key)
                 if row is None:
