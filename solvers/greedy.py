@@ -524,12 +524,15 @@ class GreedyState:
                 room = any(self.free[t].count >= n for t, n in fewest.items())  # else nothing can fit now
                 plan_wait = len(reserved) < len(self.free) and analysed < IMPATIENT_WAITS
                 passes = ((True,) if room else ()) + ((False,) if plan_wait else ())
+            refused = admitted = False  # whether admission refused an option, and let one through
             for now_only in passes:
                 for option in self._by_duration(job):
                     if best is not None and best[0] <= weight * option.duration_s:
                         break  # this option and every longer one cost no less than the best so far
                     if admit is not None and not admit.allows(job.id, option):
+                        refused = True
                         continue
+                    admitted = True
                     gpu_type = option.gpu_type
                     shape = (gpu_type, option.num_gpus, option.whole_nodes)
                     if shape in fits:
@@ -574,7 +577,8 @@ class GreedyState:
             if not self.patient and best is not None and best[3] is None:
                 analysed += 1
             if best is None:  # admission ruled out every option, or (impatient) its wait was not planned
-                self.waiting[job.id] = (None, float("inf"))
+                if refused and not admitted:  # None: admission's doing; an unplanned wait has no entry
+                    self.waiting[job.id] = (None, float("inf"))
                 continue
             _, end, option, nodes, index = best
             gpu_type = option.gpu_type
@@ -671,6 +675,7 @@ class GreedyState:
         :data:`REVIEW_GROWTHS` running jobs."""
         moves: list[Move] = []
         movable: dict[str, list[tuple[int, float, str, _Running]]] = {}
+        horizons: dict[str, _Horizon] = {}  # per type, until a preemption there changes its running jobs
         if self.queue:
             behind = sum(job.weight for job in self.queue.values())
             gpus = max(sum(self.capacity.values()), 1)
@@ -682,7 +687,7 @@ class GreedyState:
                     if admit is not None and not admit.allows(job.id, option):
                         continue
                     tried += 1
-                    found = self._preempt_for(job, option, now, max_restarts, movable)
+                    found = self._preempt_for(job, option, now, max_restarts, movable, horizons)
                     if found is not None:
                         moves += found
                         break
@@ -746,10 +751,12 @@ class GreedyState:
         now: float,
         max_restarts: int,
         movable: dict[str, list[tuple[int, float, str, _Running]]],
+        horizons: dict[str, _Horizon],
     ) -> list[Move] | None:
         """Stop running jobs so that ``job`` can start ``option`` now, if it is worth it (module docstring);
         None if it is not (or the option fits without). ``movable`` caches, per GPU type for this review,
-        the runs :meth:`_movable` admits by (priority, longest remaining first)."""
+        the runs :meth:`_movable` admits by (priority, longest remaining first), ``horizons`` the types'
+        :class:`_Horizon` s (dropped for a type where it preempts)."""
         gpu_type = option.gpu_type
         index = self.free[gpu_type]
         if index.fit(option) is not None:
@@ -788,10 +795,11 @@ class GreedyState:
             return None
         # Its wait without preemption: until the running jobs of the type free enough GPUs (a lower bound).
         ends = self._ends.setdefault(gpu_type, [])
-        index_end = _Horizon(index, ends).earliest(option)
+        index_end = self._horizon(gpu_type, horizons).earliest(option)
         start = ends[index_end][0] if index_end >= 0 else float("inf")
         if job.weight * (start - now) <= loss:
             return None
+        horizons.pop(gpu_type, None)
         moves = []
         for run in chosen:
             self.release(run.job)

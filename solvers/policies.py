@@ -182,19 +182,28 @@ class FrenzyPolicy(_Base):
         assert self.sim is not None
         state = self.sim.jobs[job.id]
         restart = job.restart_s if state.starts else job.startup_s
-        per_type: dict[str, list[tuple[Option, Option]]] = {}
+        per_type: dict[str, list[tuple[int, float, Option]]] = {}
         for original in job.per_count.values():
             duration = float(math.ceil(restart + self._step_s(job, original) * remaining))
-            per_type.setdefault(original.gpu_type, []).append((replace(original, duration_s=duration), original))
+            per_type.setdefault(original.gpu_type, []).append((original.num_gpus, duration, original))
         fronts: list[list[Option]] = []
         originals: dict[int, Option] = {}
-        for pairs in per_type.values():
-            pairs.sort(key=lambda p: (p[1].num_gpus, p[0].duration_s))
+        for triples in per_type.values():
+            triples.sort(key=lambda t: (t[0], t[1]))
             front: list[Option] = []
-            for scaled, original in pairs:
-                if not front or scaled.duration_s < front[-1].duration_s:
+            last = math.inf
+            for _, duration, original in triples:
+                if duration < last:  # only the front's options are built (most of the counts are dominated)
+                    scaled = Option(
+                        gpu_type=original.gpu_type,
+                        num_gpus=original.num_gpus,
+                        whole_nodes=original.whole_nodes,
+                        duration_s=duration,
+                        plan=original.plan,
+                    )
                     front.append(scaled)
                     originals[id(scaled)] = original
+                    last = duration
             fronts.append(front)
         chosen = thin_fronts(fronts, self.max_options_per_type)
         if max_duration_s < math.inf:

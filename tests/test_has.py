@@ -278,3 +278,17 @@ def test_the_option_cache_is_bounded_and_keeps_what_is_used() -> None:
     assert len(cache._searches) == 2
     assert cache.per_step(specs[0]) is first  # kept; the 1024 search was the one dropped
     assert cache.per_step(specs[1]) is not None and len(cache._searches) == 2
+
+
+def test_an_unplanned_wait_is_not_reported_as_refused_by_admission() -> None:
+    """Impatient, the HAS plans the waits of the first IMPATIENT_WAITS jobs only; the others have no entry
+    in ``waiting`` (the service then says no GPU was free), not the None that means admission (a quota)
+    ruled every option out."""
+    state = GreedyState(SchedulingProblem(topology=TOPOLOGY, jobs=()), patient=False)
+    state.occupy("big", (0,), 8, 10_000.0)
+    state.occupy("most", (1,), 7, 10_000.0)  # one GPU free
+    for i in range(12):
+        state.queue[f"j{i}"] = _job(f"j{i}", (_option(8, 100.0 + i),))
+    assert state.decide(0.0) == []
+    assert state.waiting and all(option is not None for option, _ in state.waiting.values())
+    assert len(state.waiting) < 12
