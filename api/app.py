@@ -16,6 +16,7 @@ with ``Retry-After``).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import json
 import logging
@@ -25,7 +26,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field, replace
@@ -63,6 +64,11 @@ Top = Annotated[int, Query(ge=1, le=100)]
 MAX_BODY_BYTES = 1 << 20
 RETRY_AFTER_S = 5
 """What a 503 asks the client to wait: the orchestrator's write back-off tops out at 5 s."""
+STORE_THREADS = 2
+"""Threads that run a submission's store calls. Few on purpose: a submission waits for its decision on the
+event loop, not in a thread, and every Python thread that wants the interpreter lock at once lengthens the
+others' waits by its switch interval (5 ms, sys.getswitchinterval), which under concurrency delayed the
+event loop by seconds."""
 CANCEL_WAIT_S = 10.0
 """How long a cancel request waits for the scheduler to carry it out."""
 MAX_TOP_PLANS = 100
@@ -342,6 +348,21 @@ class PlanSearches:
             self._pool = None
 
 
+class _Decided:
+    """Set from the orchestrator's thread once a decision considered the job; awaited on the event loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.future: asyncio.Future[None] = loop.create_future()
+
+    def set(self) -> None:
+        self.loop.call_soon_threadsafe(self._done)
+
+    def _done(self) -> None:
+        if not self.future.done():
+            self.future.set_result(None)
+
+
 def _unavailable(reason: str) -> HTTPException:
     return HTTPException(
         503,
@@ -396,6 +417,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
         metrics.gpus_total.labels(gpu.name).set(config.cluster.num_gpus_of(gpu.name))
     feasibility_lock = threading.Lock()
     searches = PlanSearches(config, orchestrator.base_model)
+    store_calls = ThreadPoolExecutor(max_workers=STORE_THREADS, thread_name_prefix="frenzy-store")
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -405,6 +427,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
         finally:
             orchestrator.stop()
             searches.close()
+            store_calls.shutdown(wait=True)
             store.close()
 
     app = FastAPI(
@@ -468,7 +491,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
             503: {"description": "the job store cannot take writes now; see Retry-After"},
         },
     )
-    def submit(
+    async def submit(
         body: JobIn,
         authorization: Auth = None,
         idempotency_key: IdempotencyKey = None,
@@ -481,6 +504,29 @@ def create_app(config: ServiceConfig) -> FastAPI:
         request_hash = hashlib.sha256(
             json.dumps([mapping, body.weight, body.max_retries], sort_keys=True).encode()
         ).hexdigest()
+        loop = asyncio.get_running_loop()
+        accepted = await loop.run_in_executor(
+            store_calls, accept, who, spec, mapping, body, request_hash, idempotency_key
+        )
+        if isinstance(accepted, JobOut):
+            return accepted  # an earlier submission with this key
+        metrics.submitted.labels(who.tenant).inc()
+        decided = _Decided(loop)
+        orchestrator.submit(accepted, decided)
+        with contextlib.suppress(TimeoutError):  # past the wait: answered with the reason it waits so far
+            await asyncio.wait_for(decided.future, config.decision_wait_s)
+        current = await loop.run_in_executor(store_calls, store.get, accepted.id)
+        return _job_out(current or accepted, orchestrator.reason(accepted.id))
+
+    def accept(
+        who: Principal,
+        spec: JobSpec,
+        mapping: dict[str, Any],
+        body: JobIn,
+        request_hash: str,
+        idempotency_key: str | None,
+    ) -> JobRecord | JobOut:
+        """The store's part of a submission (a store thread): the job this key made before, or the new one."""
         if idempotency_key is not None:
             existing = store.by_key(who.tenant, idempotency_key)
             if existing is not None:
@@ -491,7 +537,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
             metrics.rejected.inc()
             raise
         try:
-            record = store.add_job(
+            return store.add_job(
                 job_id=new_job_id(),
                 tenant=who.tenant,
                 name=spec.name,
@@ -507,10 +553,6 @@ def create_app(config: ServiceConfig) -> FastAPI:
             if existing is None:
                 raise
             return _replay(existing, request_hash)
-        metrics.submitted.labels(who.tenant).inc()
-        orchestrator.submit(record).wait(config.decision_wait_s)
-        current = store.get(record.id) or record
-        return _job_out(current, orchestrator.reason(record.id))
 
     def _replay(existing: JobRecord, request_hash: str) -> JobOut:
         if existing.request_hash != request_hash:

@@ -42,7 +42,7 @@ import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 from frenzy_opt.calibrations import CalibrationStore
 from frenzy_opt.closedloop import Sample, recalibrate, sample_of
@@ -69,6 +69,13 @@ RETRY_FIRST_S = 0.05
 RETRY_MAX_S = 5.0
 """Back-off of a failed store write: doubling from 50 ms up to 5 s (the usual capped exponential back-off, as
 in https://aws.amazon.com/builders-library/timeouts-retries-and-backoff-with-jitter/)."""
+
+
+class Waiter(Protocol):
+    """What :meth:`Orchestrator.submit` sets once a decision considered the job (a :class:`threading.Event`,
+    or the API's bridge to its event loop)."""
+
+    def set(self) -> None: ...
 
 
 class Quotas:
@@ -208,8 +215,8 @@ class Orchestrator:
         self.reasons: dict[str, str] = {}
         self.decisions = 0
         self.on_decision = on_decision
-        self._decided: dict[str, threading.Event] = {}
-        self._wake: list[threading.Event] = []
+        self._decided: dict[str, Waiter] = {}
+        self._wake: list[Waiter] = []
         self._waiting: dict[str, tuple[Option | None, float]] = {}
         """What the last decision said each queued job waits for (the greedy's ``waiting``) ..."""
         self._decided_at = 0.0
@@ -250,13 +257,14 @@ class Orchestrator:
 
     # --- called from other threads --------------------------------------------------------------------
 
-    def submit(self, record: JobRecord) -> threading.Event:
-        """Queue an accepted job; the returned event is set once a decision has considered it."""
-        decided = threading.Event()
+    def submit(self, record: JobRecord, decided: Waiter | None = None) -> Waiter:
+        """Queue an accepted job; ``decided`` (a new :class:`threading.Event` if not given) is set once a
+        decision has considered it."""
+        waiter: Waiter = threading.Event() if decided is None else decided
         with self._lock:
-            self._decided[record.id] = decided
+            self._decided[record.id] = waiter
         self._events.put(("submit", record))
-        return decided
+        return waiter
 
     def cancel(self, job_id: str) -> Future[str]:
         """Cancel a job; the future gives the state it ends in (``cancelled`` or its terminal state)."""

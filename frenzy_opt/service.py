@@ -24,6 +24,8 @@ from frenzy_opt.scenario import Scenario
 from frenzy_opt.store import StoreCorrupt, StoreInUse
 
 DEFAULT_DB = "sqlite:///frenzy-opt.db"
+KEEP_ALIVE_S = 30
+"""Idle keep-alive of the service's connections (uvicorn's ``timeout_keep_alive``)."""
 
 
 def build_config(
@@ -66,7 +68,9 @@ def serve(config: ServiceConfig, host: str, port: int) -> None:
         app.state.store.acquire_writer()
     except (StoreCorrupt, StoreInUse) as err:
         raise SystemExit(f"frenzy serve: {err}") from None
-    uvicorn.run(app, host=host, port=port, log_level="info")
+    # Keep-alive longer than clients' own idle expiry (httpx: 5 s, uvicorn's default too): the client then
+    # closes an idle connection first, and never sends a request on one the server is closing.
+    uvicorn.run(app, host=host, port=port, log_level="info", timeout_keep_alive=KEEP_ALIVE_S)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -79,7 +83,9 @@ def free_port(host: str = "127.0.0.1") -> int:
 def background_server(config: ServiceConfig, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
     """A uvicorn server of the service in a thread; yields its base URL, shuts it down cleanly after."""
     port = port or free_port(host)
-    server = uvicorn.Server(uvicorn.Config(create_app(config), host=host, port=port, log_level="warning"))
+    server = uvicorn.Server(
+        uvicorn.Config(create_app(config), host=host, port=port, log_level="warning", timeout_keep_alive=KEEP_ALIVE_S)
+    )
     thread = threading.Thread(target=server.run, name="frenzy-uvicorn", daemon=True)
     thread.start()
     url = f"http://{host}:{port}"
