@@ -418,6 +418,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
     feasibility_lock = threading.Lock()
     searches = PlanSearches(config, orchestrator.base_model)
     store_calls = ThreadPoolExecutor(max_workers=STORE_THREADS, thread_name_prefix="frenzy-store")
+    # (threads start on first use; one pool for the app's life, also when it is called without its lifespan)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -427,7 +428,6 @@ def create_app(config: ServiceConfig) -> FastAPI:
         finally:
             orchestrator.stop()
             searches.close()
-            store_calls.shutdown(wait=True)
             store.close()
 
     app = FastAPI(

@@ -241,6 +241,9 @@ class Orchestrator:
 
     def start(self) -> None:
         """Take the store's writer lock, recover from the store, then run the loop in a background thread."""
+        if self.alive():
+            return  # started already (e.g. by a harness, then by the app's lifespan)
+        self._stopping.clear()  # an orchestrator stopped before may start again
         self.store.acquire_writer()
         self.recover()
         self._thread = threading.Thread(target=self._loop, name="frenzy-orchestrator", daemon=True)

@@ -354,3 +354,12 @@ def test_quotas_hold_under_concurrent_submissions(db_url: str) -> None:
         )
         queued = jobs.json()["items"]
         assert queued and all("over quota for tenant 'q'" in j["reason"] for j in queued)
+
+
+def test_an_app_whose_lifespan_ends_serves_again_when_it_starts_again(tmp_path: Path) -> None:
+    app = create_app(_config(f"sqlite:///{tmp_path / 'jobs.db'}"))
+    for _ in range(2):  # what a harness that runs the lifespan per session does (schemathesis)
+        with TestClient(app) as client:
+            job = client.post("/v1/jobs", json=SMALL).json()
+            assert _wait(client, job["id"], {"succeeded"})["state"] == "succeeded"
+            assert client.get("/healthz").status_code == 200
