@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.deps-installed
 
-.PHONY: run test install lint typecheck pytest bench validate calibrate clean
+.PHONY: run test test-all install lint typecheck pytest pytest-slow bench validate calibrate clean
 
 # The development environment includes the validate extra (torchtitan, megatron-core: the trace path and its
 # tests); `pip install frenzy-opt` alone stays light.
@@ -36,10 +36,17 @@ lint: install
 typecheck: install
 	cd $(VENV) && bin/mypy --config-file ../pyproject.toml --cache-dir ../.mypy_cache -p frenzy_opt
 
+# `make test` is the fast suite: every test not marked slow (torchrun and Ray runs, real server processes,
+# slurmctld, schemathesis). `make test-all` adds the slow ones: what .ci/run runs.
 pytest: install
-	$(BIN)/pytest -n 2
+	$(BIN)/pytest -n 2 -m "not slow"
+
+pytest-slow: install
+	$(BIN)/pytest -n 2 -m slow
 
 test: lint typecheck pytest
+
+test-all: test pytest-slow
 
 # MARP against published measured runs (leave one source out) when ../shared/calibration is present, and the
 # FakeTensorMode harness of the reference decoder (self-consistency only, about 5 minutes).

@@ -509,6 +509,7 @@ def cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
+@pytest.mark.gpu
 @pytest.mark.parametrize(
     ("config", "streams"),
     [(AllocatorConfig(), 1), (AllocatorConfig(), 2), (MAX_SPLIT_40, 1), (EXPANDABLE, 1)],

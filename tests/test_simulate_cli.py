@@ -23,6 +23,7 @@ def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]
     return code, out, err
 
 
+@pytest.mark.slow  # about a minute: every policy, CP-SAT's optimal among them
 def test_simulate_json_has_the_contract_keys_for_every_policy(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = _run(capsys, "simulate", "default", "--policy", "frenzy,fifo,sia,gavel,optimal", "--json")
     assert code == 0

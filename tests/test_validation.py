@@ -28,7 +28,26 @@ def test_at_least_thirty_configurations_cover_the_space() -> None:
     assert {j.training.micro_batch_size for j in jobs} >= {1, 2, 4}
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+# The cases that take over 10 s each here (FakeTensorMode traces of real-size models): behind the slow marker,
+# so that `make test` stays fast; `make test-all` runs them.
+SLOW_CASES = {
+    "mixtral-8x7b-tp4-pp8-ep8",
+    "mistral-7b-tp4-pp8-cp2",
+    "llama3-8b-tp8-pp8",
+    "llama2-7b-tp4-pp4-dp2",
+    "qwen2.5-0.5b-pp2-tied",
+    "gpt3-1.3b-tp2-pp4",
+    "gpt3-125m",
+}
+
+
+def test_the_slow_cases_name_real_cases() -> None:
+    assert {c.name for c in CASES} >= SLOW_CASES
+
+
+@pytest.mark.parametrize(
+    "case", [pytest.param(c, id=c.name, marks=[pytest.mark.slow] if c.name in SLOW_CASES else []) for c in CASES]
+)
 def test_prediction_within_three_percent_of_fake_measurement(case: Case) -> None:
     for row in run_case(case, fake=True):
         assert abs(row.error) <= TOLERANCE, f"{case.name} stage {row.stage}: {100 * row.error:+.2f} %"
