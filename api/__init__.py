@@ -1,1 +1,1 @@
-"""The FastAPI scheduling service: see issue 5; nothing is served yet."""
+"""The HTTP service: routes (``app``), request and response models (``schemas``), tenants (``auth``)."""

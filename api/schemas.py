@@ -172,7 +172,3 @@ class JobListOut(BaseModel):
     limit: int
     offset: int
     next_offset: int | None
-
-
-class ErrorOut(BaseModel):
-    detail: Any

@@ -27,8 +27,7 @@ from pathlib import Path
 
 import httpx
 
-from frenzy_opt.machine import describe_machine
-from frenzy_opt.service import free_port
+from frenzy_opt.machine import describe_machine, free_port
 from frenzy_opt.simulator import percentile
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -34,6 +34,7 @@ from frenzy_opt.experiment import (
     seeded_payload,
     write_plots,
 )
+from frenzy_opt.export import TARGETS as EXPORT_TARGETS
 from frenzy_opt.gantt import plot_schedule
 from frenzy_opt.gpus import load_gpus, resolve_gpu
 from frenzy_opt.marp.predictor import MemoryPrediction, predict_memory
@@ -1218,7 +1219,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workdir", default="frenzy-runs", help="where runs keep their files (default frenzy-runs)")
     p = add("export", "a placement as a Slurm batch script or a Kubernetes manifest", cmd_export)
     p.add_argument("placement", help="placement file (JSON/YAML: job, plan, placement; e.g. frenzy launch --json)")
-    p.add_argument("--to", required=True, choices=("slurm", "k8s"))
+    p.add_argument("--to", required=True, choices=EXPORT_TARGETS)
     p.add_argument("--out", help="write here instead of stdout")
     p.add_argument("--steps", type=int, help="train at most this many steps")
     p.add_argument("--partition", help="slurm: the partition to submit to")

@@ -1,10 +1,12 @@
-"""What machine a benchmark ran on: CPU model, package versions, load average (for result headers)."""
+"""This machine: what a benchmark ran on (CPU model, package versions, load average, for result headers), and a
+free TCP port on it."""
 
 from __future__ import annotations
 
 import importlib.metadata
 import os
 import platform
+import socket
 from pathlib import Path
 
 
@@ -41,3 +43,10 @@ def describe_machine() -> str:
         f"{cpu_model()}, {os.cpu_count()} logical CPUs, Python {platform.python_version()}, "
         f"ortools {package_version('ortools')}, highspy {package_version('highspy')}, load {load_average()}"
     )
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port free on ``host`` now (the kernel's pick for port 0; another process may take it later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])

@@ -4,7 +4,6 @@ background thread, a workload submitted over HTTP, the scheduler's decisions pri
 from __future__ import annotations
 
 import contextlib
-import socket
 import tempfile
 import threading
 import time
@@ -20,6 +19,7 @@ from frenzy_opt.api.auth import load_tenants
 from frenzy_opt.calibrations import CalibrationStore, check_name
 from frenzy_opt.cluster import ClusterSpec
 from frenzy_opt.executors import make_executor
+from frenzy_opt.machine import free_port
 from frenzy_opt.scenario import Scenario
 from frenzy_opt.store import StoreCorrupt, StoreInUse
 
@@ -71,12 +71,6 @@ def serve(config: ServiceConfig, host: str, port: int) -> None:
     # Keep-alive longer than clients' own idle expiry (httpx: 5 s, uvicorn's default too): the client then
     # closes an idle connection first, and never sends a request on one the server is closing.
     uvicorn.run(app, host=host, port=port, log_level="info", timeout_keep_alive=KEEP_ALIVE_S)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 @contextlib.contextmanager

@@ -1,6 +1,6 @@
 """LLM decoder architecture description and exact parameter counting.
 
-An :class:`ModelArch` holds the architecture fields of contract 1 (see ``docs/contracts.md``) plus the few
+An :class:`ModelArch` holds the architecture fields of contract 1 (see ``docs/architecture.md``, Contracts) plus the few
 extra fields needed to count parameters exactly for the catalogue models (head dimension, biases, learned
 position embeddings). Counting follows the layer definitions of the reference decoder in
 :mod:`frenzy_opt.models.reference`, so ``ModelArch.num_params`` equals the parameter count of the built

@@ -121,9 +121,6 @@ class _FreeIndex:
         self.count = sum(self.free.values())
         """Free GPUs of the type in all."""
 
-    def total(self) -> int:
-        return self.count
-
     def change(self, node: int, delta: int) -> None:
         self.count += delta
         left = self.free[node]

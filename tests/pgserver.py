@@ -15,10 +15,11 @@ import itertools
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 from dataclasses import dataclass
+
+from frenzy_opt.machine import free_port
 
 _COUNTER = itertools.count()
 
@@ -48,12 +49,6 @@ def missing() -> str | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
 class PostgresServer:
     root: str
@@ -75,7 +70,7 @@ class PostgresServer:
             os.chown(root, entry.pw_uid, entry.pw_gid)
             as_user = ["runuser", "-u", "postgres", "--"]
         data = os.path.join(root, "data")
-        server = PostgresServer(root=root, port=_free_port(), as_user=as_user, bindir=bindir, data=data)
+        server = PostgresServer(root=root, port=free_port(), as_user=as_user, bindir=bindir, data=data)
         initdb = [f"{bindir}/initdb", "-D", data, "-U", server.user, "--auth=trust", "-E", "UTF8", "--no-sync"]
         subprocess.run([*as_user, *initdb], check=True, capture_output=True, timeout=120)
         options = f"-p {server.port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200"

@@ -14,6 +14,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from frenzy_opt.machine import free_port
+
 
 def available() -> str | None:
     """Why the cluster cannot start here, or None."""
@@ -23,12 +25,6 @@ def available() -> str | None:
     if os.geteuid() != 0:
         return "needs root to start the Slurm daemons"
     return None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextmanager
@@ -52,8 +48,8 @@ def slurm_cluster(root: Path, gres_type: str, gpus: int, cpus: int | None = None
                 f"SlurmctldHost={host}",
                 "AuthType=auth/munge",
                 "SlurmUser=root",
-                f"SlurmctldPort={_free_port()}",
-                f"SlurmdPort={_free_port()}",
+                f"SlurmctldPort={free_port()}",
+                f"SlurmdPort={free_port()}",
                 f"StateSaveLocation={root / 'state'}",
                 f"SlurmdSpoolDir={root / 'spool'}",
                 f"SlurmctldPidFile={root / 'slurmctld.pid'}",

@@ -146,7 +146,7 @@ def test_a_running_job_grows_into_idle_gpus_when_it_saves_enough() -> None:
     assert state.review(10_000.0, max_restarts=3, options_now=lambda _: slower) == []
     (move,) = state.review(10_000.0, max_restarts=3, options_now=lambda _: faster)
     assert move.job == "grow" and move.reason == "grow" and move.max_duration_s < 30_000.0
-    assert state.free[GPU].total() == 16  # its GPUs were given back for the move
+    assert state.free[GPU].count == 16  # its GPUs were given back for the move
 
 
 def _sim_job(job_id: str, arrival_s: float, steps: int, options: tuple[Option, ...]) -> SimJob:

@@ -15,8 +15,9 @@ from typing import Any
 import httpx
 import pytest
 
+from frenzy_opt.machine import free_port
 from frenzy_opt.scenario import load_cluster_ref
-from frenzy_opt.service import background_server, build_config, free_port
+from frenzy_opt.service import background_server, build_config
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = {"model": "gpt3-125m", "training": {"seq_len": 1024, "global_batch_size": 32, "train_steps": 50}}

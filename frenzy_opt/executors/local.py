@@ -28,7 +28,6 @@ import json
 import os
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -40,6 +39,7 @@ from typing import Any
 
 from frenzy_opt.executors import ExitInfo, Launch, OnExit, OnReport
 from frenzy_opt.gpus import lookup_gpu
+from frenzy_opt.machine import free_port
 from frenzy_opt.models.arch import ModelArch
 from frenzy_opt.plans import Plan
 from frenzy_opt.spec import ParallelConfig
@@ -119,12 +119,6 @@ class _Attempt:
     cancelled: bool = False
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     """What a run measured, from its report lines: steps, first/last loss, median step time (the first
     step excluded when there are others: it includes warm-up), tokens/s, per-rank peak memory."""
@@ -187,7 +181,7 @@ class LocalExecutor:
         attempt = _Attempt(job_id=launch.job_id, attempt=launch.attempt, on_exit=on_exit, on_report=on_report)
         cuda = lookup_gpu(launch.option.gpu_type).architecture != "cpu"  # device_problem: the devices exist
         nnodes = len(launch.nodes)
-        port = _free_port()
+        port = free_port()
         log = open(job_dir / f"attempt-{launch.attempt}.log", "wb")  # noqa: SIM115 - closed by the watcher
         with self._lock:
             for node_rank, node in enumerate(launch.nodes):
