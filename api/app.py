@@ -48,7 +48,7 @@ from frenzy_opt.orchestrator import Orchestrator, new_job_id
 from frenzy_opt.plans import NoFeasiblePlan, search_or_fail
 from frenzy_opt.spec import JobSpec, parse_job
 from frenzy_opt.steptime import StepTimeModel
-from frenzy_opt.store import BUSY_TIMEOUT_S, STORE_FAULTS, TERMINAL, JobRecord, Store, is_store_fault
+from frenzy_opt.store import BUSY_TIMEOUT_S, STORE_FAULTS, TERMINAL, JobRecord, Store, describe_fault, is_store_fault
 
 log = logging.getLogger(__name__)
 
@@ -366,7 +366,7 @@ class _Decided:
 def _unavailable(reason: str) -> HTTPException:
     return HTTPException(
         503,
-        f"the job store cannot take writes now ({reason}); retry later",
+        f"the job store cannot serve now ({reason}); retry later",
         headers={"Retry-After": str(RETRY_AFTER_S)},
     )
 
@@ -488,7 +488,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
             409: {"description": "the Idempotency-Key was used for a different job"},
             413: {},
             422: {"description": "invalid spec, or no GPU type can hold the job"},
-            503: {"description": "the job store cannot take writes now; see Retry-After"},
+            503: {"description": "the job store cannot serve now; see Retry-After"},
         },
     )
     async def submit(
@@ -708,11 +708,9 @@ def create_app(config: ServiceConfig) -> FastAPI:
             log.exception("request failed", exc_info=err)
             return JSONResponse(status_code=500, content={"detail": f"internal error: {err.__class__.__name__}"})
         metrics.unavailable.inc()
-        reason = f"{err.__class__.__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+        refusal = _unavailable(describe_fault(err))
         return JSONResponse(
-            status_code=503,
-            content={"detail": f"the job store cannot serve now ({reason}); retry later"},
-            headers={"Retry-After": str(RETRY_AFTER_S)},
+            status_code=refusal.status_code, content={"detail": refusal.detail}, headers=refusal.headers
         )
 
     for fault in STORE_FAULTS:

@@ -16,17 +16,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
 
-from frenzy_opt.machine import describe_machine, free_port
+from frenzy_opt.machine import describe_machine
+from frenzy_opt.service import serve_process
 from frenzy_opt.simulator import percentile
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -122,28 +119,11 @@ def main() -> None:
     parser.add_argument("--flood-concurrency", type=int, default=4)
     parser.add_argument("--out", default="benchmarks/results/plans_flood.md")
     args = parser.parse_args()
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory(prefix="frenzy-flood-") as tmp:
-        command = [sys.executable, "-P", "-m", "frenzy_opt.cli", "serve", "--port", str(port)]
-        command += ["--db", str(Path(tmp) / "flood.db"), "--cluster", args.cluster, "--time-scale", "100000"]
-        server = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            deadline = time.monotonic() + 120
-            while True:
-                try:
-                    if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline or server.poll() is not None:
-                    raise SystemExit("the server did not start")
-                time.sleep(0.2)
+        serve = ["--db", str(Path(tmp) / "flood.db"), "--cluster", args.cluster, "--time-scale", "100000"]
+        with serve_process(serve, cwd=ROOT, timeout_s=120) as (url, server):
             httpx.post(f"{url}/v1/jobs", json=JOB, timeout=300)  # the submission's plan search, not counted
             result = asyncio.run(_run(url, args.plans, args.flood_concurrency, server.pid))
-        finally:
-            os.kill(server.pid, signal.SIGTERM)
-            server.wait(30)
 
     def row(name: str, values: object) -> str:
         assert isinstance(values, list)

@@ -17,17 +17,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import httpx
 
-from frenzy_opt.machine import describe_machine, free_port
+from frenzy_opt.machine import describe_machine
+from frenzy_opt.service import serve_process
 from frenzy_opt.simulator import percentile
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,24 +68,10 @@ async def _submit_all(url: str, jobs: int, concurrency: int) -> tuple[list[float
 
 def run_once(jobs: int, concurrency: int, time_scale: float, decision_wait_s: float) -> tuple[str, str, float]:
     """One fresh server, ``jobs`` submissions at ``concurrency``; the table row, the states seen, the p99."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory(prefix="frenzy-load-") as tmp:
         db = f"sqlite:///{Path(tmp) / 'load.db'}"
-        command = [sys.executable, "-P", "-m", "frenzy_opt.cli", "serve", "--port", str(port), "--db", db]
-        command += ["--time-scale", str(time_scale), "--decision-wait-s", str(decision_wait_s)]
-        server = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if time.monotonic() > deadline or server.poll() is not None:
-                    raise SystemExit("the server did not start")
-                time.sleep(0.1)
+        args = ["--db", db, "--time-scale", str(time_scale), "--decision-wait-s", str(decision_wait_s)]
+        with serve_process(args, cwd=ROOT) as (url, _):
             with httpx.Client(base_url=url, timeout=60) as client:
                 for spec in SPECS:  # warm the plan cache (a first search takes ~0.3 s); not counted
                     client.post("/v1/jobs", json=spec)
@@ -105,9 +88,6 @@ def run_once(jobs: int, concurrency: int, time_scale: float, decision_wait_s: fl
                         stored.append(item["id"])
                         states[item["state"]] = states.get(item["state"], 0) + 1
                     offset = page["next_offset"]
-        finally:
-            os.kill(server.pid, signal.SIGTERM)
-            server.wait(30)
     lat = sorted(x * 1e3 for x in latencies)
     lost = len(set(ids) - set(stored))
     duplicated = len(stored) - len(set(stored))

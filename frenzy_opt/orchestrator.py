@@ -60,7 +60,7 @@ from frenzy_opt.problem import (
 from frenzy_opt.simulator import restart_cost_s
 from frenzy_opt.solvers.greedy import GreedyState
 from frenzy_opt.spec import JobSpec, parse_job
-from frenzy_opt.store import JobRecord, Store, is_store_fault
+from frenzy_opt.store import JobRecord, Store, describe_fault, is_store_fault
 from frenzy_opt.topology import Topology
 
 log = logging.getLogger(__name__)
@@ -422,7 +422,7 @@ class Orchestrator:
             except Exception as err:
                 if not is_store_fault(err):
                     raise
-                reason = f"{err.__class__.__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+                reason = describe_fault(err)
                 if self.store_fault is None:
                     log.error("store: cannot write %d state changes (%s); retrying", len(pending.transitions), reason)
                 self.store_fault = reason

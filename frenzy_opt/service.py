@@ -1,13 +1,18 @@
-"""Running the HTTP service: ``frenzy serve`` (uvicorn in the foreground) and ``frenzy demo`` (the service in a
-background thread, a workload submitted over HTTP, the scheduler's decisions printed as they happen)."""
+"""Running the HTTP service: ``frenzy serve`` (uvicorn in the foreground), ``frenzy demo`` (the service in a
+background thread, a workload submitted over HTTP, the scheduler's decisions printed as they happen) and
+:func:`serve_process` (``frenzy serve`` as a separate process, for the load benchmarks)."""
 
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
+import subprocess
+import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -71,6 +76,35 @@ def serve(config: ServiceConfig, host: str, port: int) -> None:
     # Keep-alive longer than clients' own idle expiry (httpx: 5 s, uvicorn's default too): the client then
     # closes an idle connection first, and never sends a request on one the server is closing.
     uvicorn.run(app, host=host, port=port, log_level="info", timeout_keep_alive=KEEP_ALIVE_S)
+
+
+@contextlib.contextmanager
+def serve_process(
+    args: Sequence[str], *, cwd: str | Path | None = None, timeout_s: float = 60.0
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """``frenzy serve ARGS`` as a process of its own on a free loopback port (the benchmarks' server): yields
+    its base URL and the process once ``/healthz`` answers 200, stops it with SIGTERM after. SystemExit if it
+    does not come up within ``timeout_s``."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = [sys.executable, "-P", "-m", "frenzy_opt.cli", "serve", "--port", str(port), *args]
+    server = subprocess.Popen(command, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                if httpx.get(f"{url}/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline or server.poll() is not None:
+                raise SystemExit(f"the server did not start: {' '.join(command)}")
+            time.sleep(0.1)
+        yield url, server
+    finally:
+        if server.poll() is None:
+            os.kill(server.pid, signal.SIGTERM)
+        server.wait(30)
 
 
 @contextlib.contextmanager

@@ -96,6 +96,13 @@ def is_store_fault(err: BaseException) -> bool:
     return isinstance(err, STORE_FAULTS) and not isinstance(err, IntegrityError)
 
 
+def describe_fault(err: BaseException) -> str:
+    """A store error in one line: its class and the first line of its message (SQLAlchemy's run on with the
+    statement and its parameters)."""
+    message = str(err)
+    return f"{err.__class__.__name__}: {message.splitlines()[0] if message else ''}"
+
+
 class Base(DeclarativeBase):
     pass
 
@@ -331,7 +338,7 @@ class Store:
         try:
             self.ping()
         except SQLAlchemyError as err:
-            return f"the database does not answer: {err.__class__.__name__}: {str(err).splitlines()[0]}"
+            return f"the database does not answer: {describe_fault(err)}"
         return None
 
     def file_problem(self) -> str | None:
