@@ -229,8 +229,6 @@ class Orchestrator:
         self._stopping = threading.Event()
         self.store_fault: str | None = None
         """Why the store cannot take the loop's writes now (None while it can)."""
-        self.quarantined: dict[str, str] = {}
-        """Jobs failed because their row or event could not be handled, with the reason."""
         self._t0 = time.monotonic()
 
     # --- clock and lifecycle --------------------------------------------------------------------------
@@ -408,7 +406,6 @@ class Orchestrator:
             self._release(job_id)
         self.reasons.pop(job_id, None)
         self._fresh.discard(job_id)
-        self.quarantined[job_id] = reason
         pending.add(job_id, "failed", f"quarantined: {reason}")
         self._mark_decided(job_id)
 

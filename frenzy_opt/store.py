@@ -25,7 +25,7 @@ Faults are explicit:
   with back-off and the API answers with 503 and ``Retry-After``.
 - **Bad rows.** A row whose JSON cannot be read loads with the problem listed in :attr:`JobRecord.problems`
   (and the unreadable field empty) instead of raising, so one bad row cannot stop a listing or a start-up;
-  the orchestrator quarantines such rows (:meth:`Store.quarantine`).
+  the orchestrator quarantines such rows (fails them with the reason).
 """
 
 from __future__ import annotations
@@ -475,10 +475,6 @@ class Store:
                 events.append({"job_id": job_id, "at": now, "state": state, "detail": detail})
             if events:
                 conn.execute(_INSERT_EVENT, events)  # one executemany, in order (ids ascend)
-
-    def quarantine(self, job_id: str, reason: str) -> None:
-        """Fail a row that cannot be run (a bad stored row), with its reason, without reading its JSON."""
-        self.apply([(job_id, "failed", f"quarantined: {reason}", {})])
 
     def save_calibration(self, report: dict[str, dict[str, Any]]) -> None:
         """Upsert the fitted efficiencies (:func:`frenzy_opt.closedloop.recalibrate`'s report)."""

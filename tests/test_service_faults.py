@@ -115,7 +115,7 @@ def test_one_busy_timeout_configured_once(tmp_path: Path) -> None:
     with _write_lock(short.url):
         start = time.monotonic()
         with pytest.raises(Exception, match="locked"):
-            short.quarantine("nobody", "test")
+            short.transition("nobody", "failed", "test")
         assert time.monotonic() - start < 5  # the configured timeout, not a hidden longer one
     short.close()
 
