@@ -505,11 +505,17 @@ def create_app(config: ServiceConfig) -> FastAPI:
             json.dumps([mapping, body.weight, body.max_retries], sort_keys=True).encode()
         ).hexdigest()
         loop = asyncio.get_running_loop()
+        if idempotency_key is not None:
+            existing = await loop.run_in_executor(store_calls, store.by_key, who.tenant, idempotency_key)
+            if existing is not None:
+                return _replay(existing, request_hash)
+        # In the server's pool, not a store thread: a spec not seen before costs a plan search (up to seconds).
+        await loop.run_in_executor(None, feasible, spec)
         accepted = await loop.run_in_executor(
             store_calls, accept, who, spec, mapping, body, request_hash, idempotency_key
         )
         if isinstance(accepted, JobOut):
-            return accepted  # an earlier submission with this key
+            return accepted  # the same key, posted concurrently
         metrics.submitted.labels(who.tenant).inc()
         decided = _Decided(loop)
         orchestrator.submit(accepted, decided)
@@ -517,6 +523,14 @@ def create_app(config: ServiceConfig) -> FastAPI:
             await asyncio.wait_for(decided.future, config.decision_wait_s)
         current = await loop.run_in_executor(store_calls, store.get, accepted.id)
         return _job_out(current or accepted, orchestrator.reason(accepted.id))
+
+    def feasible(spec: JobSpec) -> None:
+        """422 (counted as rejected) unless some GPU type of the cluster can hold the job."""
+        try:
+            check_feasible(spec)
+        except HTTPException:
+            metrics.rejected.inc()
+            raise
 
     def accept(
         who: Principal,
@@ -526,16 +540,8 @@ def create_app(config: ServiceConfig) -> FastAPI:
         request_hash: str,
         idempotency_key: str | None,
     ) -> JobRecord | JobOut:
-        """The store's part of a submission (a store thread): the job this key made before, or the new one."""
-        if idempotency_key is not None:
-            existing = store.by_key(who.tenant, idempotency_key)
-            if existing is not None:
-                return _replay(existing, request_hash)
-        try:
-            check_feasible(spec)
-        except HTTPException:
-            metrics.rejected.inc()
-            raise
+        """The store's part of a submission (a store thread): the new job, or the one the same key made
+        concurrently."""
         try:
             return store.add_job(
                 job_id=new_job_id(),
