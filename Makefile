@@ -12,12 +12,11 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "torch==2.13.0"
-	$(BIN)/pip install -q "torch==2.13.0" -e ".[dev,validate]" --config-settings editable_mode=strict
+	$(BIN)/pip install -q "torch==2.13.0" -e ".[dev,validate]"
 	touch $(STAMP)
 
-# The strict editable install is a link tree: re-running it picks up new modules (about 2 s).
+# An editable install points at the source tree, so new modules need no reinstall.
 install: $(STAMP)
-	$(BIN)/pip install -q --no-deps -e . --config-settings editable_mode=strict
 
 # The plans of the embedded default scenario, then the serverless flow: the HTTP service on its cluster with the
 # simulated executor (an hour per second), the jobs submitted over HTTP, decisions printed live (about 30 s).
@@ -31,10 +30,8 @@ lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-# Run from inside .venv: at the repository root the source folder frenzy_opt/ would shadow the installed
-# link tree (which also holds models/, solvers/ and api/ as frenzy_opt.*).
 typecheck: install
-	cd $(VENV) && bin/mypy --config-file ../pyproject.toml --cache-dir ../.mypy_cache -p frenzy_opt
+	$(BIN)/mypy -p frenzy_opt
 
 # `make test` is the fast suite: every test not marked slow (torchrun and Ray runs, real server processes,
 # slurmctld, schemathesis). `make test-all` adds the slow ones: what .ci/run runs.
@@ -58,7 +55,7 @@ validate: install
 	@if [ -f $(STEPTIME_CALIBRATION) ]; then \
 	$(BIN)/frenzy validate steptime $(STEPTIME_CALIBRATION) --out docs/steptime-validation.md; \
 	else echo "make validate: $(STEPTIME_CALIBRATION) not found; skipping the step-time report"; fi
-	$(BIN)/python -P -m frenzy_opt.validation.report --out docs/marp-harness.md
+	$(BIN)/python -m frenzy_opt.validation.report --out docs/marp-harness.md
 
 # Refit the shipped parameters (frenzy_opt/data/memory-fit.json, frenzy_opt/data/steptime-fit.json).
 calibrate: install
@@ -66,7 +63,7 @@ calibrate: install
 	$(BIN)/frenzy calibrate $(STEPTIME_CALIBRATION) --name steptime
 
 bench: install
-	$(BIN)/python -P benchmarks/plan_enumeration.py --out benchmarks/results/plan_enumeration.md
+	$(BIN)/python benchmarks/plan_enumeration.py --out benchmarks/results/plan_enumeration.md
 
 clean:
 	rm -rf $(VENV) build *.egg-info .mypy_cache .ruff_cache .pytest_cache

@@ -41,14 +41,22 @@ from sqlalchemy.exc import IntegrityError
 
 from frenzy_opt.api.auth import Principal, TenantConfig
 from frenzy_opt.api.schemas import STATES, EventOut, JobIn, JobListOut, JobOut, PlanOut, PlansOut
-from frenzy_opt.closedloop import memory_errors
-from frenzy_opt.cluster import ClusterSpec
-from frenzy_opt.executors import Executor
-from frenzy_opt.orchestrator import Orchestrator, new_job_id
-from frenzy_opt.plans import NoFeasiblePlan, search_or_fail
-from frenzy_opt.spec import JobSpec, parse_job
-from frenzy_opt.steptime import StepTimeModel
-from frenzy_opt.store import BUSY_TIMEOUT_S, STORE_FAULTS, TERMINAL, JobRecord, Store, describe_fault, is_store_fault
+from frenzy_opt.core.spec import JobSpec, parse_job
+from frenzy_opt.hardware.cluster import ClusterSpec
+from frenzy_opt.launch.executors import Executor
+from frenzy_opt.planning.plans import NoFeasiblePlan, search_or_fail
+from frenzy_opt.prediction.closedloop import memory_errors
+from frenzy_opt.prediction.steptime import StepTimeModel
+from frenzy_opt.service.orchestrator import Orchestrator, new_job_id
+from frenzy_opt.service.store import (
+    BUSY_TIMEOUT_S,
+    STORE_FAULTS,
+    TERMINAL,
+    JobRecord,
+    Store,
+    describe_fault,
+    is_store_fault,
+)
 
 log = logging.getLogger(__name__)
 
@@ -86,10 +94,10 @@ class ServiceConfig:
     """How long a submission waits for the scheduler's first decision on it before answering."""
     max_body_bytes: int = MAX_BODY_BYTES
     calibration: str | None = None
-    """A step-time calibration profile (:mod:`frenzy_opt.calibrations`): plans use it, the closed loop
+    """A step-time calibration profile (:mod:`frenzy_opt.prediction.calibrations`): plans use it, the closed loop
     writes into it."""
     busy_timeout_s: float = BUSY_TIMEOUT_S
-    """How long a store write waits for another connection's lock (:data:`frenzy_opt.store.BUSY_TIMEOUT_S`)."""
+    """How long a store write waits for another connection's lock (:data:`frenzy_opt.service.store.BUSY_TIMEOUT_S`)."""
     plan_workers: int = 1
     """Worker processes for the dry run's plan searches."""
     plan_cache_bytes: int = 64 << 20

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from frenzy_opt.spec import load_mapping
+from frenzy_opt.core.spec import load_mapping
 
 LOCAL_TENANT = "local"
 

@@ -3,7 +3,7 @@
 The bounds are wide enough for any real job (a million-token sequence, a million-sequence batch, 65,536-way
 data parallelism) and small enough that no request can make the server allocate without limit: every
 numeric input has one (an unbounded count once let a generated request grow a process to 24 GB). The
-request model checks types and ranges; :func:`frenzy_opt.spec.parse_job` then checks the job's own rules
+request model checks types and ranges; :func:`frenzy_opt.core.spec.parse_job` then checks the job's own rules
 (divisibility, catalogue names) and its errors become 422 answers too.
 """
 
@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from frenzy_opt.spec import ATTENTIONS, OPTIMIZERS, PRECISIONS, PRIORITY_RANGE, RECOMPUTES, RUNTIMES
+from frenzy_opt.core.spec import ATTENTIONS, OPTIMIZERS, PRECISIONS, PRIORITY_RANGE, RECOMPUTES, RUNTIMES
 
 Precision = Literal[PRECISIONS]  # type: ignore[valid-type]
 Optimizer = Literal[OPTIMIZERS]  # type: ignore[valid-type]
@@ -84,7 +84,8 @@ class ParallelIn(_Strict):
 
 
 class SchedulingIn(_Strict):
-    """How the scheduler treats the job (contract 1's ``scheduling``; :class:`frenzy_opt.spec.SchedulingConfig`)."""
+    """How the scheduler treats the job (contract 1's ``scheduling``;
+    :class:`frenzy_opt.core.spec.SchedulingConfig`)."""
 
     priority: int = Field(default=0, ge=PRIORITY_RANGE[0], le=PRIORITY_RANGE[1], description="priority class")
     max_gpus: int | None = Field(default=None, ge=1, le=1_048_576, description="at most this many GPUs")
@@ -103,7 +104,7 @@ class JobIn(_Strict):
     max_retries: int = Field(default=2, ge=0, le=10, description="attempts after the first one on failure")
 
     def spec_mapping(self) -> dict[str, Any]:
-        """The contract-1 mapping :func:`frenzy_opt.spec.parse_job` reads."""
+        """The contract-1 mapping :func:`frenzy_opt.core.spec.parse_job` reads."""
         data: dict[str, Any] = {
             "model": self.model if isinstance(self.model, str) else self.model.model_dump(exclude_none=True),
             "training": self.training.model_dump(),

@@ -2,7 +2,7 @@
 
 Run on a machine with one CUDA GPU (the project's device check), from the repository root:
 
-    python -P benchmarks/gpu_memory.py --gpu H200-SXM-141GB --out "$OUT"
+    python benchmarks/gpu_memory.py --gpu H200-SXM-141GB --out "$OUT"
 
 For each case it runs real training steps of the reference decoder on the GPU (the validation harness's
 Megatron layout) and records ``torch.cuda.max_memory_allocated``, ``max_memory_reserved`` and nvidia-smi's
@@ -23,8 +23,8 @@ from pathlib import Path
 
 import torch
 
-from frenzy_opt.gpus import lookup_gpu
-from frenzy_opt.marp.predictor import CudaTerms, nccl_bytes, predict_memory
+from frenzy_opt.hardware.gpus import lookup_gpu
+from frenzy_opt.prediction.marp.predictor import CudaTerms, nccl_bytes, predict_memory
 from frenzy_opt.validation.cases import CASES
 
 GPU_CASES = (
@@ -90,7 +90,7 @@ def _markdown(meta: dict[str, object], rows: list[dict[str, dict[str, int] | str
     lines = [
         "# MARP vs a real GPU",
         "",
-        f"Command: `python -P benchmarks/gpu_memory.py --gpu {meta['gpu']}`; {json.dumps(meta)}",
+        f"Command: `python benchmarks/gpu_memory.py --gpu {meta['gpu']}`; {json.dumps(meta)}",
         "",
         "| case | stage | alloc pred MiB | alloc meas MiB | err | reserved pred | reserved meas | used pred "
         "| used meas |",

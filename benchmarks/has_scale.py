@@ -1,7 +1,7 @@
 """How the HAS's cost grows with the cluster: the offline replay (``frenzy solve``'s greedy) per job at two
 scales with the same load, and the preemptive policy's mean decision time in the simulator.
 
-    .venv/bin/python -P benchmarks/has_scale.py [--out benchmarks/results/has_scale.md]
+    .venv/bin/python benchmarks/has_scale.py [--out benchmarks/results/has_scale.md]
 
 (a) ``GreedyHAS.solve`` on 512 jobs over 2,160 GPUs and 4,096 jobs over 16,392 GPUs (8-GPU nodes split over
 A100, H100 and V100; the job pool of ``scheduler_benchmarks.py``), Poisson arrivals whose mean gap shrinks with
@@ -25,12 +25,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import scheduler_benchmarks as bench
 
-from frenzy_opt.problem import OptionCache
-from frenzy_opt.scenario import load_scenario
-from frenzy_opt.simulator import Simulator, sim_jobs
+from frenzy_opt.hardware.topology import Topology
+from frenzy_opt.planning.problem import OptionCache
+from frenzy_opt.planning.scenario import load_scenario
+from frenzy_opt.simulation.simulator import Simulator, sim_jobs
 from frenzy_opt.solvers.base import make_solver
 from frenzy_opt.solvers.policies import make_policy
-from frenzy_opt.topology import Topology
 
 SCALES = ((2160, 512), (16392, 4096))
 BASE_GAP_S = 60.0
@@ -79,7 +79,7 @@ def main() -> None:
     lines = [
         "# HAS cost with scale",
         "",
-        "- Command: `.venv/bin/python -P benchmarks/has_scale.py`",
+        "- Command: `.venv/bin/python benchmarks/has_scale.py`",
         f"- Machine: {platform.platform()}; nproc {os.cpu_count()}; Python {platform.python_version()}",
         f"- 1/5/15-min load average at start: {load_start}; at end: {load_end}; "
         f"took {time.perf_counter() - started:.0f} s",

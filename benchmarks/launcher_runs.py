@@ -5,11 +5,11 @@ Each mode is a `frenzy launch` (local executor, torchrun + gloo, `local-4slot` c
 with its parallel fields pinned. Memory: MemTracker's peak live tensor bytes per rank where it applies
 (single, DDP, ZeRO-1, TP), else the process's peak RSS (not comparable with MARP; marked). Step time: the
 median over steps 2-20 against the step-time model's prediction for the same plan, before and after the
-refit (`frenzy_opt/closedloop.py`).
+refit (`frenzy_opt/prediction/closedloop.py`).
 
 Usage, from the repository root::
 
-    .venv/bin/python -P benchmarks/launcher_runs.py [--out benchmarks/results/launcher_runs.md]
+    .venv/bin/python benchmarks/launcher_runs.py [--out benchmarks/results/launcher_runs.md]
 """
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from frenzy_opt.closedloop import memory_errors, predicted_step_s, recalibrate, sample_of
-from frenzy_opt.launch import launch_job
-from frenzy_opt.machine import describe_machine
-from frenzy_opt.plans import DEFAULT_STEP_MODEL
-from frenzy_opt.scenario import load_cluster_ref
-from frenzy_opt.spec import parse_job
+from frenzy_opt.core.machine import describe_machine
+from frenzy_opt.core.spec import parse_job
+from frenzy_opt.launch.launcher import launch_job
+from frenzy_opt.planning.plans import DEFAULT_STEP_MODEL
+from frenzy_opt.planning.scenario import load_cluster_ref
+from frenzy_opt.prediction.closedloop import memory_errors, predicted_step_s, recalibrate, sample_of
 
 MODEL = {
     "num_layers": 4, "hidden_size": 128, "ffn_hidden_size": 384, "num_attention_heads": 4, "num_kv_heads": 2,
@@ -74,7 +74,7 @@ def main() -> None:
     lines = [
         "# Real runs on CPU slots: measured vs predicted",
         "",
-        f"Command: `.venv/bin/python -P benchmarks/launcher_runs.py`. Machine: {describe_machine()}. "
+        f"Command: `.venv/bin/python benchmarks/launcher_runs.py`. Machine: {describe_machine()}. "
         f"Took {time.perf_counter() - started:.0f} s.",
         "",
         f"Job: a {MODEL['num_layers']}-layer decoder (hidden {MODEL['hidden_size']}, vocab {MODEL['vocab_size']}), "

@@ -1,6 +1,6 @@
 """MARP's peak_allocated_bytes against the trace path (the real runtimes under FakeTensorMode), per stage.
 
-    .venv/bin/python -P benchmarks/marp_vs_trace.py --out benchmarks/results/marp_vs_trace.md [--quick]
+    .venv/bin/python benchmarks/marp_vs_trace.py --out benchmarks/results/marp_vs_trace.md [--quick]
 
 For each configuration of the grid (per runtime: model shapes from small to 8B-class, dp, tp, sp, pp,
 recompute, micro-batch, zero_stage, seq_len) it traces the first and last pipeline stage
@@ -24,9 +24,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from frenzy_opt.marp.predictor import predict_memory
+from frenzy_opt.core.spec import JobSpec, ParallelConfig, TrainingConfig
 from frenzy_opt.models.arch import ModelArch
-from frenzy_opt.spec import JobSpec, ParallelConfig, TrainingConfig
+from frenzy_opt.prediction.marp.predictor import predict_memory
 from frenzy_opt.tracing import trace_job
 from frenzy_opt.tracing.common import live_blocks_at_end
 
@@ -196,9 +196,10 @@ def _marp_version() -> str:
 
     root = Path(__file__).resolve().parents[1]
     try:
-        head = subprocess.run(["git", "-C", str(root), "log", "-1", "--format=%h", "--", "frenzy_opt/marp", "models"],
+        marp = "frenzy_opt/prediction/marp"
+        head = subprocess.run(["git", "-C", str(root), "log", "-1", "--format=%h", "--", marp, "models"],
                               capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "frenzy_opt/marp", "models"],
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", marp, "models"],
                                capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
     except (OSError, subprocess.CalledProcessError):
         return "an unknown commit"
@@ -239,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.json:
                 args.json.write_text(json.dumps(rows, indent=1, default=str))
                 args.json.with_suffix(".fail").write_text(json.dumps(failures))
-    command = "python -P benchmarks/marp_vs_trace.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = "python benchmarks/marp_vs_trace.py " + " ".join(sys.argv[1:] if argv is None else argv)
     write(rows, failures, args.out, command, time.time() - start)
     return 0
 

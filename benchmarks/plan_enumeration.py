@@ -1,4 +1,4 @@
-"""Benchmark: plan enumeration (``frenzy_opt.plans.enumerate_plans``) over the whole GPU catalogue.
+"""Benchmark: plan enumeration (``frenzy_opt.planning.plans.enumerate_plans``) over the whole GPU catalogue.
 
 Target (from the issue): enumerate all plans for LLaMA-3.1-405B at seq 8192 over the whole GPU catalogue
 for clusters up to 4,096 GPUs in < 200 ms on the benchmark machine.
@@ -15,7 +15,7 @@ Imports and job/cluster parsing are outside every timing.
 
 Usage::
 
-    python -P benchmarks/plan_enumeration.py --out benchmarks/results/plan_enumeration.md
+    python benchmarks/plan_enumeration.py --out benchmarks/results/plan_enumeration.md
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from frenzy_opt.machine import cpu_model, package_version
+from frenzy_opt.core.machine import cpu_model, package_version
 
 TARGET_MS = 200.0
 NODE_SIZE = 8
@@ -43,7 +43,7 @@ KINDS = ("per-type", "mixed")
 
 def cluster_mapping(kind: str, size: int) -> dict[str, Any]:
     """The contract-2 mapping of one benchmark cluster (see module docstring)."""
-    from frenzy_opt.gpus import load_gpus
+    from frenzy_opt.hardware.gpus import load_gpus
 
     gpus = list(load_gpus().values())
     if kind == "per-type":
@@ -83,9 +83,9 @@ def job_mapping(model: str, seq: int, global_batch: int) -> dict[str, Any]:
 def measure_one(kind: str, size: int, model: str, seq: int, global_batch: int, repeats: int) -> dict[str, Any]:
     """One cold call then ``repeats`` warm calls, in this (fresh) process."""
     t0 = time.perf_counter()
-    from frenzy_opt.cluster import parse_cluster
-    from frenzy_opt.plans import enumerate_plans
-    from frenzy_opt.spec import parse_job
+    from frenzy_opt.core.spec import parse_job
+    from frenzy_opt.hardware.cluster import parse_cluster
+    from frenzy_opt.planning.plans import enumerate_plans
 
     import_ms = (time.perf_counter() - t0) * 1e3
 
@@ -123,7 +123,6 @@ def measure_one(kind: str, size: int, model: str, seq: int, global_batch: int, r
 def run_in_subprocess(kind: str, size: int, args: argparse.Namespace) -> dict[str, Any]:
     cmd = [
         sys.executable,
-        "-P",
         str(Path(__file__).resolve()),
         "--one",
         kind,
@@ -212,7 +211,7 @@ def render(
         f"Target met on every row (warm median): **{'yes' if met_all else 'no'}**. "
         f"Cold first call under the target on every row: **{'yes' if cold_met else 'no'}**.",
         "",
-        f"Importing `frenzy_opt.plans` in a fresh process took {min(imports):.0f}-{max(imports):.0f} ms "
+        f"Importing `frenzy_opt.planning.plans` in a fresh process took {min(imports):.0f}-{max(imports):.0f} ms "
         "(not in any column above).",
         "",
         f"Machine steadiness: a fixed pure-Python loop (10^6 additions), timed {len(calibration)} times before "
@@ -261,8 +260,7 @@ def main(argv: list[str] | None = None) -> int:
     calibration += calibration_ms()
     load = f"{load_start} / " + "/".join(f"{x:.2f}" for x in os.getloadavg())
 
-    flags = ["-P"] if sys.flags.safe_path else []
-    command = shlex.join([sys.executable, *flags, *sys.argv])
+    command = shlex.join([sys.executable, *sys.argv])
     if Path.cwd() != Path(__file__).resolve().parent.parent:
         command = f"cd {shlex.quote(str(Path.cwd()))} && {command}"
     text = render(rows, args, command, calibration, load)

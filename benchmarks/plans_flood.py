@@ -9,7 +9,7 @@ before and after the flood (``VmRSS`` of the server process and its plan-search 
 
 Usage, from the repository root::
 
-    .venv/bin/python -P benchmarks/plans_flood.py [--plans 100] [--out benchmarks/results/plans_flood.md]
+    .venv/bin/python benchmarks/plans_flood.py [--plans 100] [--out benchmarks/results/plans_flood.md]
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from pathlib import Path
 
 import httpx
 
-from frenzy_opt.machine import describe_machine
-from frenzy_opt.service import serve_process
-from frenzy_opt.simulator import percentile
+from frenzy_opt.api.server import serve_process
+from frenzy_opt.core.machine import describe_machine
+from frenzy_opt.simulation.simulator import percentile
 
 ROOT = Path(__file__).resolve().parents[1]
 JOB = {"model": "gpt3-125m", "training": {"seq_len": 1024, "global_batch_size": 32, "train_steps": 200}}
@@ -135,7 +135,7 @@ def main() -> None:
     lines = [
         "# Submissions while the dry-run endpoint is flooded",
         "",
-        f"Command: `.venv/bin/python -P benchmarks/plans_flood.py --cluster {args.cluster} --plans {args.plans} "
+        f"Command: `.venv/bin/python benchmarks/plans_flood.py --cluster {args.cluster} --plans {args.plans} "
         f"--flood-concurrency {args.flood_concurrency}`.",
         f"Machine: {describe_machine()}. Server, worker and both clients share the machine's CPUs.",
         "",

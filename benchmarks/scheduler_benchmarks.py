@@ -46,10 +46,10 @@ on a 48-GPU cluster that queues form).
 
 Usage, from the repository root (the committed results were produced with ``all``)::
 
-    .venv/bin/python -P benchmarks/scheduler_benchmarks.py all --out-dir benchmarks/results
-    .venv/bin/python -P benchmarks/scheduler_benchmarks.py decision [--sizes 64,256,1024,2048,4096]
+    .venv/bin/python benchmarks/scheduler_benchmarks.py all --out-dir benchmarks/results
+    .venv/bin/python benchmarks/scheduler_benchmarks.py decision [--sizes 64,256,1024,2048,4096]
         [--queues 32,128,512] [--repeats 15] [--busy-max-gpus 64] [--seed 0]
-    .venv/bin/python -P benchmarks/scheduler_benchmarks.py cpsat [--jobs 10,20,40]
+    .venv/bin/python benchmarks/scheduler_benchmarks.py cpsat [--jobs 10,20,40]
         [--seeds 10:5,20:10,40:5] [--time-limit 60] [--workers 2] [--solver-seed 0] [--mean-gap 900]
         [--model full|base]
 
@@ -82,10 +82,12 @@ from typing import Any
 
 import numpy as np
 
-from frenzy_opt.cluster import ClusterSpec, parse_cluster
-from frenzy_opt.machine import cpu_model, load_average, package_version
-from frenzy_opt.plans import enumerate_plans
-from frenzy_opt.problem import (
+from frenzy_opt.core.machine import cpu_model, load_average, package_version
+from frenzy_opt.core.spec import parse_job
+from frenzy_opt.hardware.cluster import ClusterSpec, parse_cluster
+from frenzy_opt.hardware.topology import Topology
+from frenzy_opt.planning.plans import enumerate_plans
+from frenzy_opt.planning.problem import (
     Busy,
     Option,
     ProblemJob,
@@ -96,12 +98,10 @@ from frenzy_opt.problem import (
     objective,
     options_for,
 )
-from frenzy_opt.scenario import load_cluster_ref
+from frenzy_opt.planning.scenario import load_cluster_ref
 from frenzy_opt.solvers.base import make_solver
 from frenzy_opt.solvers.cpsat import BASE, ModelConfig
 from frenzy_opt.solvers.greedy import GreedyHAS, GreedyState
-from frenzy_opt.spec import parse_job
-from frenzy_opt.topology import Topology
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_OUT = REPO / "benchmarks" / "results"
@@ -147,9 +147,9 @@ def log(message: str) -> None:
 SOURCES = (
     "solvers/greedy.py",
     "solvers/cpsat.py",
-    "frenzy_opt/problem.py",
-    "frenzy_opt/topology.py",
-    "frenzy_opt/plans.py",
+    "frenzy_opt/planning/problem.py",
+    "frenzy_opt/hardware/topology.py",
+    "frenzy_opt/planning/plans.py",
 )
 
 
@@ -767,7 +767,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    command = shlex.join([".venv/bin/python", "-P", "benchmarks/scheduler_benchmarks.py", *sys.argv[1:]])
+    command = shlex.join([".venv/bin/python", "benchmarks/scheduler_benchmarks.py", *sys.argv[1:]])
     names = ["decision", "cpsat"] if args.bench == "all" else [args.bench]
     if args.quick:
         args.time_limit = min(args.time_limit, 10.0)

@@ -9,7 +9,7 @@ states the jobs reached. Goal (issue 13): p99 < 50 ms per submission at concurre
 
 Usage, from the repository root::
 
-    .venv/bin/python -P benchmarks/service_load.py [--jobs 2000] [--concurrency 1,4,16,32] [--time-scale 100000]
+    .venv/bin/python benchmarks/service_load.py [--jobs 2000] [--concurrency 1,4,16,32] [--time-scale 100000]
         [--out benchmarks/results/service_load.md]
 """
 
@@ -23,9 +23,9 @@ from pathlib import Path
 
 import httpx
 
-from frenzy_opt.machine import describe_machine
-from frenzy_opt.service import serve_process
-from frenzy_opt.simulator import percentile
+from frenzy_opt.api.server import serve_process
+from frenzy_opt.core.machine import describe_machine
+from frenzy_opt.simulation.simulator import percentile
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECS = [
@@ -114,7 +114,7 @@ def main() -> None:
     lines = [
         "# Service load test (loopback)",
         "",
-        f"Command: `.venv/bin/python -P benchmarks/service_load.py --jobs {args.jobs} --concurrency {args.concurrency} "
+        f"Command: `.venv/bin/python benchmarks/service_load.py --jobs {args.jobs} --concurrency {args.concurrency} "
         f"--time-scale {args.time_scale:g} --decision-wait-s {args.decision_wait_s:g}`.",
         f"Machine: {describe_machine()}. Server and load generator share the machine's CPUs.",
         "",

@@ -1,7 +1,7 @@
 """Simulator speed at Philly scale: replay 82,000 synthetic jobs on the 2,048-GPU cluster.
 
 The scenario `philly-82k` (scenarios/philly-82k.yaml) draws 82,000 jobs from the Philly distribution at the
-trace's mean arrival rate and maps them to LLM jobs (frenzy_opt/tracemap.py). Measured separately:
+trace's mean arrival rate and maps them to LLM jobs (frenzy_opt/simulation/tracemap.py). Measured separately:
 
 * **build** — generating the trace, mapping it to LLM jobs and searching the plans of every distinct job
   shape (a dozen searches, shared by all jobs: problem.OptionCache);
@@ -17,7 +17,7 @@ here: Sia's round-based ILP takes about as long per 60 s round at this scale as 
 
 Usage, from the repository root::
 
-    .venv/bin/python -P benchmarks/simulator_speed.py [--scenario philly-82k] [--policy frenzy,fifo]
+    .venv/bin/python benchmarks/simulator_speed.py [--scenario philly-82k] [--policy frenzy,fifo]
         [--trace ../shared/traces/philly-pollux/traces/philly.csv] [--out benchmarks/results/simulator_speed.md]
 """
 
@@ -27,9 +27,9 @@ import argparse
 import time
 from pathlib import Path
 
-from frenzy_opt.experiment import Experiment, parse_policies, prepare, run_policies
-from frenzy_opt.machine import describe_machine
-from frenzy_opt.scenario import parse_scenario
+from frenzy_opt.core.machine import describe_machine
+from frenzy_opt.planning.scenario import parse_scenario
+from frenzy_opt.research.experiment import Experiment, parse_policies, prepare, run_policies
 
 PHILLY = Path(__file__).resolve().parents[1] / ".." / "shared" / "traces" / "philly-pollux" / "traces" / "philly.csv"
 
@@ -71,8 +71,7 @@ def main() -> None:
     lines = [
         "# Simulator speed at Philly scale",
         "",
-        "Command: `.venv/bin/python -P benchmarks/simulator_speed.py "
-        f"--scenario {args.scenario} --policy {args.policy}`.",
+        f"Command: `.venv/bin/python benchmarks/simulator_speed.py --scenario {args.scenario} --policy {args.policy}`.",
         f"Machine: {describe_machine()}. Wall time of the whole script: {time.perf_counter() - started:.0f} s.",
         "",
         f"Scenario `{sc.name}`: {len(experiment.jobs):,} jobs on {sc.cluster.name} ({sc.cluster.num_gpus:,} GPUs). "

@@ -19,7 +19,36 @@ from rich.console import Console
 from rich.progress import Progress, TaskID
 from rich.table import Table
 
-from frenzy_opt.experiment import (
+from frenzy_opt.core.spec import load_job
+from frenzy_opt.hardware.gpus import load_gpus, resolve_gpu
+from frenzy_opt.models.catalog import load_catalog
+from frenzy_opt.planning.export import TARGETS as EXPORT_TARGETS
+from frenzy_opt.planning.plans import NoFeasiblePlan, PlanSearch, search_or_fail
+from frenzy_opt.planning.problem import (
+    OptionCache,
+    Schedule,
+    SchedulingProblem,
+    avg_jct_s,
+    build_problem,
+    check_schedule,
+    makespan_s,
+    objective,
+)
+from frenzy_opt.planning.scenario import DEFAULT_SCENARIO, Scenario, load_cluster_ref, load_scenario, resolve
+from frenzy_opt.plots.gantt import plot_schedule
+from frenzy_opt.prediction.marp.predictor import MemoryPrediction, predict_memory
+from frenzy_opt.research.compare import (
+    DEFAULT_RESTART_SCALES,
+    DEFAULT_ROUNDS_S,
+    DEFAULT_SENSITIVITY_SCENARIO,
+    DEFAULT_SENSITIVITY_SEEDS,
+    DEFAULT_SIA_CLUSTER,
+    DEFAULT_SIA_SETS,
+    SIA_WORKLOADS,
+    sensitivity_variants,
+    sia_workload_files,
+)
+from frenzy_opt.research.experiment import (
     DEFAULT_COMPARE_POLICIES,
     DEFAULT_COMPARE_SCENARIOS,
     DEFAULT_COMPARE_SEEDS,
@@ -34,42 +63,13 @@ from frenzy_opt.experiment import (
     seeded_payload,
     write_plots,
 )
-from frenzy_opt.export import TARGETS as EXPORT_TARGETS
-from frenzy_opt.gantt import plot_schedule
-from frenzy_opt.gpus import load_gpus, resolve_gpu
-from frenzy_opt.marp.predictor import MemoryPrediction, predict_memory
-from frenzy_opt.models.catalog import load_catalog
-from frenzy_opt.plans import NoFeasiblePlan, PlanSearch, search_or_fail
-from frenzy_opt.problem import (
-    OptionCache,
-    Schedule,
-    SchedulingProblem,
-    avg_jct_s,
-    build_problem,
-    check_schedule,
-    makespan_s,
-    objective,
-)
-from frenzy_opt.protocol import (
-    DEFAULT_RESTART_SCALES,
-    DEFAULT_ROUNDS_S,
-    DEFAULT_SENSITIVITY_SCENARIO,
-    DEFAULT_SENSITIVITY_SEEDS,
-    DEFAULT_SIA_CLUSTER,
-    DEFAULT_SIA_SETS,
-    SIA_WORKLOADS,
-    sensitivity_variants,
-    sia_workload_files,
-)
-from frenzy_opt.scenario import DEFAULT_SCENARIO, Scenario, load_cluster_ref, load_scenario, resolve
-from frenzy_opt.simulator import Failures, SimulationError
+from frenzy_opt.simulation.simulator import Failures, SimulationError
+from frenzy_opt.simulation.truth import SIA_TABLES, TruthKind, TruthSpec, truth_spec
 from frenzy_opt.solvers import make_solver
 from frenzy_opt.solvers.policies import policy_names
-from frenzy_opt.spec import load_job
-from frenzy_opt.truth import SIA_TABLES, TruthKind, TruthSpec, truth_spec
 
 if TYPE_CHECKING:  # the report pulls in matplotlib: imported when compare runs
-    from frenzy_opt.report import CompareSetup, Section
+    from frenzy_opt.research.report import CompareSetup, Section
 
 GIB = 2**30
 DEFAULT_REPORT = "benchmarks/results/compare.md"
@@ -223,7 +223,7 @@ def _run_trace(job: Any) -> dict[str, Any]:
         from frenzy_opt.tracing import trace_job
     except ImportError as err:
         raise ValueError(f"--trace needs the validate extra (pip install 'frenzy-opt[validate]'): {err}") from None
-    from frenzy_opt.marp.allocator import replay
+    from frenzy_opt.prediction.marp.allocator import replay
 
     result = trace_job(job)
     stages = []
@@ -305,7 +305,7 @@ def _plans_table(title: str, search: PlanSearch, top: int) -> Table:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from frenzy_opt.calibrations import resolve_model
+    from frenzy_opt.prediction.calibrations import resolve_model
 
     job = load_job(resolve(args.job))
     cluster = load_cluster_ref(args.cluster)
@@ -337,7 +337,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def _validate_steptime(args: argparse.Namespace) -> int:
-    from frenzy_opt.calibrations import resolve_model
+    from frenzy_opt.prediction.calibrations import resolve_model
     from frenzy_opt.validation.steptime import fittable, refused, render_markdown, validate
 
     result = validate(args.file, resolve_model(args.calibration))
@@ -412,8 +412,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 def _calibrate_steptime(args: argparse.Namespace) -> int:
     """``--name steptime``: refit the shipped step-time parameters; any other name: a user's profile."""
-    from frenzy_opt.calibrations import CalibrationStore, check_name
-    from frenzy_opt.steptime import shipped_model
+    from frenzy_opt.prediction.calibrations import CalibrationStore, check_name
+    from frenzy_opt.prediction.steptime import shipped_model
     from frenzy_opt.validation.steptime import (
         calibrate,
         cross_validate,
@@ -480,7 +480,7 @@ def _calibrate_steptime(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from frenzy_opt.marp.fit import FIT_PATH, load_fit
+    from frenzy_opt.prediction.marp.fit import FIT_PATH, load_fit
     from frenzy_opt.validation.measured import (
         calibrate,
         read_measurements,
@@ -586,9 +586,9 @@ def schedule_payload(problem: SchedulingProblem, schedule: Schedule) -> dict[str
 def cmd_solve(args: argparse.Namespace) -> int:
     if args.time_limit <= 0 or args.workers < 1:
         raise ValueError("--time-limit must be > 0 and --workers >= 1")
-    from frenzy_opt.calibrations import resolve_model
-    from frenzy_opt.topology import Topology
-    from frenzy_opt.tracemap import expand
+    from frenzy_opt.hardware.topology import Topology
+    from frenzy_opt.prediction.calibrations import resolve_model
+    from frenzy_opt.simulation.tracemap import expand
 
     scenario = load_scenario(args.scenario)
     cache = OptionCache(scenario.cluster, Topology(scenario.cluster), step_model=resolve_model(args.calibration))
@@ -723,11 +723,12 @@ def _long_run(scenario: Scenario) -> bool:
 
 
 def _simulate_sia_replay(args: argparse.Namespace, policies: list[str], failures: Failures | None) -> int:
-    """``simulate CLUSTER --workload-file F --workload-format sia --truth profiled`` (:mod:`frenzy_opt.siareplay`)."""
-    from frenzy_opt.experiment import Experiment, run_policies
-    from frenzy_opt.siareplay import load_sia_replay
-    from frenzy_opt.topology import Topology
-    from frenzy_opt.truth import load_profiles
+    """``simulate CLUSTER --workload-file F --workload-format sia --truth profiled``
+    (:mod:`frenzy_opt.simulation.siareplay`)."""
+    from frenzy_opt.hardware.topology import Topology
+    from frenzy_opt.research.experiment import Experiment, run_policies
+    from frenzy_opt.simulation.siareplay import load_sia_replay
+    from frenzy_opt.simulation.truth import load_profiles
 
     if args.workload_format != "sia":
         raise ValueError(f"--workload-format: {args.workload_format!r}; allowed: sia")
@@ -791,8 +792,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     seeds = 1 if args.seeds is None else args.seeds
     cache = None
     if args.calibration:
-        from frenzy_opt.calibrations import resolve_model
-        from frenzy_opt.topology import Topology
+        from frenzy_opt.hardware.topology import Topology
+        from frenzy_opt.prediction.calibrations import resolve_model
 
         model = resolve_model(args.calibration)
         cache = OptionCache(scenario.cluster, Topology(scenario.cluster), step_model=model)
@@ -869,7 +870,7 @@ def _floats(flag: str, text: str) -> tuple[float, ...]:
 def _compare_sections(args: argparse.Namespace) -> tuple[Section, ...]:
     """``--sections``, else every section without SCENARIOS, else (SCENARIOS named) ``llm``, ``failures``
     and ``profiled`` as before sections existed; minus ``--no-failures`` / ``--no-profiled``."""
-    from frenzy_opt.report import Section, parse_sections
+    from frenzy_opt.research.report import Section, parse_sections
 
     if args.sections:
         sections = parse_sections(args.sections)
@@ -883,10 +884,10 @@ def _compare_sections(args: argparse.Namespace) -> tuple[Section, ...]:
 
 
 def _compare_setup(args: argparse.Namespace) -> CompareSetup:
-    """The :class:`~frenzy_opt.report.CompareSetup` of ``frenzy compare``'s arguments, checked before any
+    """The :class:`~frenzy_opt.research.report.CompareSetup` of ``frenzy compare``'s arguments, checked before any
     simulation (bad names, missing tables: ``ValueError``); sections that cannot run here are marked
     skipped with the reason."""
-    from frenzy_opt.report import CompareSetup, Section
+    from frenzy_opt.research.report import CompareSetup, Section
 
     scenarios = tuple(args.scenarios or DEFAULT_COMPARE_SCENARIOS)
     for name in (*scenarios, args.sensitivity_scenario):
@@ -973,7 +974,7 @@ COMPARE_HELP = {
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from frenzy_opt.report import write_report
+    from frenzy_opt.research.report import write_report
 
     setup = _compare_setup(args)
     command = _compare_command(args, COMPARE_OPTIONS)
@@ -1011,7 +1012,7 @@ def db_url(text: str) -> str:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from frenzy_opt.service import build_config, serve
+    from frenzy_opt.api.server import build_config, serve
 
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
@@ -1031,7 +1032,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
-    from frenzy_opt.launch import launch_job
+    from frenzy_opt.launch.launcher import launch_job
 
     if args.steps is not None and args.steps < 1:
         raise ValueError(f"--steps must be >= 1, got {args.steps}")
@@ -1062,7 +1063,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from frenzy_opt.export import load_placement, to_k8s, to_slurm
+    from frenzy_opt.planning.export import load_placement, to_k8s, to_slurm
 
     placement = load_placement(resolve(args.placement))
     if args.to == "slurm":
@@ -1081,7 +1082,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from frenzy_opt.service import demo
+    from frenzy_opt.api.server import demo
 
     scenario = load_scenario(args.scenario)
     console = Console(width=160)

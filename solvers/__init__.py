@@ -1,4 +1,4 @@
-"""Scheduling solvers over one :class:`frenzy_opt.problem.SchedulingProblem` — the greedy HAS (online) and,
+"""Scheduling solvers over one :class:`frenzy_opt.planning.problem.SchedulingProblem` — the greedy HAS (online) and,
 registered by name in :mod:`frenzy_opt.solvers.base`, the exact ones — and the simulator's policies
 (:mod:`frenzy_opt.solvers.policies`: frenzy, fifo, optimal; sia; gavel)."""
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from frenzy_opt.problem import Schedule, SchedulingProblem
+from frenzy_opt.planning.problem import Schedule, SchedulingProblem
 
 
 class Solver(Protocol):

@@ -1,7 +1,7 @@
 """Exact offline scheduling with OR-Tools CP-SAT: the greedy's problem, solved to a proven optimum.
 
 Model (after the flexible job-shop pattern of the OR-Tools examples, ``flexible_job_shop_sat``). Time is
-in whole seconds (durations and arrivals are whole seconds, :mod:`frenzy_opt.problem`).
+in whole seconds (durations and arrivals are whole seconds, :mod:`frenzy_opt.planning.problem`).
 
 * Per job an integer start and end, ``start >= arrival``; a presence literal per (job, option), exactly one
   per job, and ``end = start + sum_k duration_k x choose_k`` (one linear equality, exact because exactly
@@ -64,7 +64,7 @@ from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
 
-from frenzy_opt.problem import Assignment, Schedule, SchedulingProblem, check_schedule
+from frenzy_opt.planning.problem import Assignment, Schedule, SchedulingProblem, check_schedule
 from frenzy_opt.solvers.base import register
 
 WEIGHT_SCALE = 1000

@@ -1,7 +1,7 @@
 """``gavel``: Gavel's heterogeneity-aware max-sum-throughput policy with its round-based mechanism
 (Narayanan et al., OSDI 2020; BASELINES.md).
 
-Jobs are rigid: each runs its user's request count (:mod:`frenzy_opt.tracemap`) — on any GPU type where
+Jobs are rigid: each runs its user's request count (:mod:`frenzy_opt.simulation.tracemap`) — on any GPU type where
 that count has a memory-feasible plan (the fastest such plan). The policy is an LP over the time fractions
 X[j, t] each job spends on each type:
 
@@ -24,8 +24,8 @@ running, others checkpoint and restart (restart cost as for every policy).
 
 from __future__ import annotations
 
-from frenzy_opt.problem import Option
-from frenzy_opt.simulator import Action, SimJob
+from frenzy_opt.planning.problem import Option
+from frenzy_opt.simulation.simulator import Action, SimJob
 from frenzy_opt.solvers.policies import _Base, place, register_policy
 from frenzy_opt.solvers.roundbased import apply_allocations, known_step_s, solve_highs
 

@@ -15,7 +15,7 @@ now, with which plan and on which GPUs:
   its fastest plan; behind a long queue, the plan that uses the fewest GPU-seconds (the best scaling
   efficiency) — the trade-off of Pollux's goodput and heSRPT (Berg et al. 2020), priced by the queue. A
   plan that would end after the job's deadline costs :data:`LATE_PENALTY` times its lateness on top;
-* placement follows the shared rule (:mod:`frenzy_opt.topology`): inside one node by best fit (the node
+* placement follows the shared rule (:mod:`frenzy_opt.hardware.topology`): inside one node by best fit (the node
   with the fewest free GPUs that still fit, keeping large blocks free), else whole free nodes;
 * a job that chooses to wait reserves its GPU type from its estimated start; later jobs may backfill that
   type only if they finish before the reservation (EASY backfilling, Lifka 1995).
@@ -49,9 +49,9 @@ from dataclasses import dataclass, field
 from itertools import islice
 from typing import Any, Protocol
 
-from frenzy_opt.problem import Assignment, Option, ProblemJob, Schedule, SchedulingProblem
+from frenzy_opt.hardware.topology import Topology
+from frenzy_opt.planning.problem import Assignment, Option, ProblemJob, Schedule, SchedulingProblem
 from frenzy_opt.solvers.base import register
-from frenzy_opt.topology import Topology
 
 # A deadline is near when less than this many fastest runs of the job are left before it (a design choice:
 # twice the fastest run leaves room for one wait as long as the job itself).

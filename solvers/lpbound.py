@@ -19,7 +19,7 @@ import time
 
 import pulp
 
-from frenzy_opt.problem import Schedule, SchedulingProblem
+from frenzy_opt.planning.problem import Schedule, SchedulingProblem
 from frenzy_opt.solvers.base import register
 
 

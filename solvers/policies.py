@@ -1,4 +1,4 @@
-"""Simulator policies (:class:`frenzy_opt.simulator.Policy`) and their registry.
+"""Simulator policies (:class:`frenzy_opt.simulation.simulator.Policy`) and their registry.
 
 * ``frenzy`` — MARP plans + the greedy HAS (:mod:`frenzy_opt.solvers.greedy`), deciding at every arrival and
   completion, non-preemptive: the same :class:`GreedyState` ``frenzy solve`` replays. It plans with its own
@@ -6,7 +6,7 @@
   its estimated ends are wrong and it pays for that; a running job past its estimated end counts as ending
   now in its estimates. ``frenzy-oracle`` is the same policy told every option's true step time.
 * ``fifo`` — a plain cluster: each job runs the request its user made by hand (GPU type and count, see
-  :mod:`frenzy_opt.tracemap`), with the fastest plan for that count. One FIFO queue per GPU type (a
+  :mod:`frenzy_opt.simulation.tracemap`), with the fastest plan for that count. One FIFO queue per GPU type (a
   partition per type, as Slurm sites configure heterogeneous clusters); a queue's head blocks only its
   own type. No backfilling.
 * ``optimal`` — the CP-SAT schedule of the whole workload (:mod:`frenzy_opt.solvers.cpsat`), computed once
@@ -16,7 +16,7 @@
   that fits, else waits until one does.
 * ``sia`` and ``gavel`` — :mod:`frenzy_opt.solvers.sia`, :mod:`frenzy_opt.solvers.gavel`.
 
-Placement on the simulator's ledger follows the shared rule (:mod:`frenzy_opt.topology`): inside one node by
+Placement on the simulator's ledger follows the shared rule (:mod:`frenzy_opt.hardware.topology`): inside one node by
 best fit, else whole free nodes.
 """
 
@@ -27,8 +27,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 
-from frenzy_opt.problem import Option, ProblemJob, SchedulingProblem, thin_fronts
-from frenzy_opt.simulator import Action, SimJob, SimulationError, Simulator, Start, Stop
+from frenzy_opt.planning.problem import Option, ProblemJob, SchedulingProblem, thin_fronts
+from frenzy_opt.simulation.simulator import Action, SimJob, SimulationError, Simulator, Start, Stop
 from frenzy_opt.solvers.cpsat import CpSatSolver
 from frenzy_opt.solvers.greedy import GreedyState
 
@@ -98,11 +98,11 @@ class FrenzyPolicy(_Base):
     """MARP plans + the greedy HAS (module docstring), preemptive and elastic unless ``preempt`` is off.
 
     What it knows of a job's speed on (GPU type, count): what it has measured of that job there (the
-    simulator's :meth:`~frenzy_opt.simulator.Simulator.observed_step_s`, as Sia and Gavel measure), else the
+    simulator's :meth:`~frenzy_opt.simulation.simulator.Simulator.observed_step_s`, as Sia and Gavel measure), else the
     prediction corrected by what it measured of other jobs of the same model — the ratio measured /
     predicted on that type at that count, or at the largest smaller count it has measured (scaling
     efficiency does not rise with the count: Amdahl 1967) — the simulated counterpart of the service's
-    closed-loop calibration (:mod:`frenzy_opt.closedloop`). A running job's estimated end follows its
+    closed-loop calibration (:mod:`frenzy_opt.prediction.closedloop`). A running job's estimated end follows its
     measured speed and progress. ``max_options_per_type`` thins each job's per-type Pareto front."""
 
     name = "frenzy"

@@ -11,8 +11,8 @@ from collections.abc import Sequence
 import highspy
 import numpy as np
 
-from frenzy_opt.problem import Option
-from frenzy_opt.simulator import Action, SimJob, Simulator, Start, Stop
+from frenzy_opt.planning.problem import Option
+from frenzy_opt.simulation.simulator import Action, SimJob, Simulator, Start, Stop
 from frenzy_opt.solvers.policies import place
 
 _BANNER_SHOWN: list[bool] = []

@@ -20,7 +20,7 @@ Parameters and how each follows the paper and its public artefact:
   solution is placeable) whole-node configurations per type <= its nodes.
 * restart: the goodput of every configuration other than a running job's current one is multiplied by the
   Pollux re-allocation factor max(age - restarts * r, 0) / (age + r), age = time since the job first
-  started, r = the job's restart cost (:func:`frenzy_opt.simulator.restart_cost_s`, 25-250 s as Sia
+  started, r = the job's restart cost (:func:`frenzy_opt.simulation.simulator.restart_cost_s`, 25-250 s as Sia
   measured); 1 while age < r. A job still paying its restart cost keeps its allocation (hard constraint).
 * scale-up: a job that has never run may take only its fewest-GPU configuration on each type (Sia starts
   jobs on one GPU; an LLM may need more to fit); afterwards at most twice the largest count it has held.
@@ -29,8 +29,8 @@ Parameters and how each follows the paper and its public artefact:
 
 from __future__ import annotations
 
-from frenzy_opt.problem import Option
-from frenzy_opt.simulator import Action, Simulator, Start
+from frenzy_opt.planning.problem import Option
+from frenzy_opt.simulation.simulator import Action, Simulator, Start
 from frenzy_opt.solvers.policies import _Base, register_policy
 from frenzy_opt.solvers.roundbased import apply_allocations, known_step_s, solve_highs
 

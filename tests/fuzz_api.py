@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, settings
 from schemathesis.checks import not_a_server_error
 
 from frenzy_opt.api.app import ServiceConfig, create_app
-from frenzy_opt.executors.simulated import SimulatedExecutor
-from frenzy_opt.scenario import load_cluster_ref
+from frenzy_opt.launch.executors.simulated import SimulatedExecutor
+from frenzy_opt.planning.scenario import load_cluster_ref
 
 MAX_EXAMPLES = 12
 

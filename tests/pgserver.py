@@ -19,7 +19,7 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 
-from frenzy_opt.machine import free_port
+from frenzy_opt.core.machine import free_port
 
 _COUNTER = itertools.count()
 

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from frenzy_opt.machine import free_port
+from frenzy_opt.core.machine import free_port
 
 
 def available() -> str | None:

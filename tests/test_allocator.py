@@ -1,6 +1,6 @@
-"""The CUDA caching-allocator model (frenzy_opt.marp.allocator): hand-worked cases that follow from the rules of
-c10/cuda/CUDACachingAllocator.cpp, the PYTORCH_CUDA_ALLOC_CONF parser, properties over random traces, and (on a
-machine with a CUDA device) the model against the real allocator."""
+"""The CUDA caching-allocator model (frenzy_opt.prediction.marp.allocator): hand-worked cases that follow from
+the rules of c10/cuda/CUDACachingAllocator.cpp, the PYTORCH_CUDA_ALLOC_CONF parser, properties over random
+traces, and (on a machine with a CUDA device) the model against the real allocator."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from frenzy_opt.marp.allocator import (
+from frenzy_opt.prediction.marp.allocator import (
     K_LARGE_BUFFER,
     K_SMALL_BUFFER,
     AllocatorConfig,

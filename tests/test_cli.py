@@ -14,9 +14,9 @@ import pytest
 import yaml
 
 from frenzy_opt.cli import main
-from frenzy_opt.gpus import load_gpus, lookup_gpu
+from frenzy_opt.hardware.gpus import load_gpus, lookup_gpu
 from frenzy_opt.models.catalog import load_catalog, parse_model
-from frenzy_opt.scenario import load_cluster_ref, load_scenario
+from frenzy_opt.planning.scenario import load_cluster_ref, load_scenario
 
 GIB = 2**30
 ARCH_FIELDS = (

@@ -34,12 +34,12 @@ def test_launch_on_a_gpu_cluster_without_cuda_is_refused_before_anything_runs(
 
 @pytest.mark.skipif(not _no_cuda(), reason="checks the refusal on a machine without CUDA GPUs")
 def test_the_local_executor_fails_a_gpu_placement_without_cuda_instead_of_running_it_on_cpu(tmp_path: Path) -> None:
-    from frenzy_opt.executors import ExitInfo, Launch
-    from frenzy_opt.executors.local import LocalExecutor
-    from frenzy_opt.problem import OptionCache
-    from frenzy_opt.scenario import load_cluster_ref, resolve
-    from frenzy_opt.spec import load_job
-    from frenzy_opt.topology import Topology
+    from frenzy_opt.core.spec import load_job
+    from frenzy_opt.hardware.topology import Topology
+    from frenzy_opt.launch.executors import ExitInfo, Launch
+    from frenzy_opt.launch.executors.local import LocalExecutor
+    from frenzy_opt.planning.problem import OptionCache
+    from frenzy_opt.planning.scenario import load_cluster_ref, resolve
 
     cluster = load_cluster_ref("paper-3type")
     spec = load_job(resolve("job-tiny"))
@@ -56,7 +56,7 @@ def test_the_local_executor_fails_a_gpu_placement_without_cuda_instead_of_runnin
 def test_launch_prints_units_and_rounded_figures_and_never_a_none_label(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import frenzy_opt.launch
+    import frenzy_opt.launch.launcher
 
     def fake(*_: Any, **__: Any) -> dict[str, Any]:
         return {
@@ -70,7 +70,7 @@ def test_launch_prints_units_and_rounded_figures_and_never_a_none_label(
                           "step_time_s": 2.4358626476025203e-06},
         }  # fmt: skip
 
-    monkeypatch.setattr(frenzy_opt.launch, "launch_job", fake)
+    monkeypatch.setattr(frenzy_opt.launch.launcher, "launch_job", fake)
     assert main(["launch", "job-tiny"]) == 1
     out = " ".join(capsys.readouterr().out.split())
     assert "(None)" not in out and "None" not in out
@@ -105,7 +105,7 @@ def test_the_readme_curl_posts_send_their_json_bodies_as_json() -> None:
 def test_serve_takes_a_plain_path_as_a_sqlite_file_and_explains_a_bad_url(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import frenzy_opt.service
+    import frenzy_opt.api.server
     from frenzy_opt.cli import db_url
 
     assert db_url("myjobs.db") == "sqlite:///myjobs.db"
@@ -116,8 +116,8 @@ def test_serve_takes_a_plain_path_as_a_sqlite_file_and_explains_a_bad_url(
     with pytest.raises(ValueError, match="does not exist"):
         db_url(str(tmp_path / "missing" / "jobs.db"))
     seen: dict[str, Any] = {}
-    monkeypatch.setattr(frenzy_opt.service, "build_config", lambda cluster, **kw: seen.update(kw))
-    monkeypatch.setattr(frenzy_opt.service, "serve", lambda *_: None)
+    monkeypatch.setattr(frenzy_opt.api.server, "build_config", lambda cluster, **kw: seen.update(kw))
+    monkeypatch.setattr(frenzy_opt.api.server, "serve", lambda *_: None)
     monkeypatch.chdir(tmp_path)
     assert main(["serve", "--db", "myjobs.db"]) == 0
     assert seen["db_url"] == "sqlite:///myjobs.db"

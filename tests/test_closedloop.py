@@ -7,10 +7,10 @@ from dataclasses import replace
 
 import pytest
 
-from frenzy_opt.closedloop import Sample, memory_errors, predicted_step_s, recalibrate, sample_of
-from frenzy_opt.plans import DEFAULT_STEP_MODEL, enumerate_plans
-from frenzy_opt.scenario import load_cluster_ref
-from frenzy_opt.spec import parse_job
+from frenzy_opt.core.spec import parse_job
+from frenzy_opt.planning.plans import DEFAULT_STEP_MODEL, enumerate_plans
+from frenzy_opt.planning.scenario import load_cluster_ref
+from frenzy_opt.prediction.closedloop import Sample, memory_errors, predicted_step_s, recalibrate, sample_of
 
 CLUSTER = load_cluster_ref("paper-3type")
 JOB = parse_job({"model": "gpt3-350m", "training": {"seq_len": 2048, "global_batch_size": 64, "precision": "bf16"}})

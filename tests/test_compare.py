@@ -1,5 +1,5 @@
-"""``frenzy compare``'s protocol (frenzy_opt.protocol, frenzy_opt.report): Sia's traces as samples on the
-invented fixture of tests/data/sia_replay, restarts per job and the per-model breakdown against the
+"""``frenzy compare``'s protocol (frenzy_opt.research.compare, frenzy_opt.research.report): Sia's traces as samples
+on the invented fixture of tests/data/sia_replay, restarts per job and the per-model breakdown against the
 simulator's own results, the paired interval on a hand example, the sensitivity variants."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from frenzy_opt.cli import main
-from frenzy_opt.experiment import Experiment, SeededRuns, paired, run_policies
-from frenzy_opt.profiles import read_sia_profiles
-from frenzy_opt.protocol import (
+from frenzy_opt.hardware.topology import Topology
+from frenzy_opt.planning.scenario import Scenario, load_cluster_ref
+from frenzy_opt.research.compare import (
     DEFAULT_ROUND_S,
     Variant,
     per_model_jct,
@@ -29,13 +29,13 @@ from frenzy_opt.protocol import (
     sia_workload_files,
     variant_key,
 )
-from frenzy_opt.report import Section, parse_sections, sensitivity_section
-from frenzy_opt.scenario import Scenario, load_cluster_ref
-from frenzy_opt.siareplay import RESCALE_S, load_sia_replay
+from frenzy_opt.research.experiment import Experiment, SeededRuns, paired, run_policies
+from frenzy_opt.research.report import Section, parse_sections, sensitivity_section
+from frenzy_opt.research.stats import paired_ci95, relative_reductions
+from frenzy_opt.simulation.profiles import read_sia_profiles
+from frenzy_opt.simulation.siareplay import RESCALE_S, load_sia_replay
+from frenzy_opt.simulation.truth import TruthSpec
 from frenzy_opt.solvers.policies import make_policy
-from frenzy_opt.stats import paired_ci95, relative_reductions
-from frenzy_opt.topology import Topology
-from frenzy_opt.truth import TruthSpec
 
 DATA = Path(__file__).parent / "data" / "sia_replay"
 TRACES = DATA / "traces"
@@ -120,11 +120,11 @@ def test_per_model_breakdown_adds_up_to_the_average_with_two_models() -> None:
 
 
 def test_sensitivity_variants_change_sia_rounds_and_restart_costs() -> None:
-    from frenzy_opt.experiment import Experiment
-    from frenzy_opt.profiles import read_sia_profiles
-    from frenzy_opt.scenario import Scenario
-    from frenzy_opt.siareplay import load_sia_replay
-    from frenzy_opt.topology import Topology
+    from frenzy_opt.hardware.topology import Topology
+    from frenzy_opt.planning.scenario import Scenario
+    from frenzy_opt.research.experiment import Experiment
+    from frenzy_opt.simulation.profiles import read_sia_profiles
+    from frenzy_opt.simulation.siareplay import load_sia_replay
 
     cluster = load_cluster_ref(str(DATA / "cluster.yaml"))
     topology = Topology(cluster)
@@ -211,8 +211,8 @@ def test_sensitivity_reuses_identical_runs_and_reports_every_variant(tmp_path: P
 
 @pytest.mark.parametrize(("short", "factor"), [("sia64-llm", 1 / 0.3), ("paper3type-llm", 10.0)])
 def test_the_hours_scenarios_are_the_shortened_ones_stretched_in_time(short: str, factor: float) -> None:
-    from frenzy_opt.scenario import load_scenario
-    from frenzy_opt.workload import synthetic_trace
+    from frenzy_opt.planning.scenario import load_scenario
+    from frenzy_opt.planning.workload import synthetic_trace
 
     spec, hours = load_scenario(short).workload, load_scenario(f"{short}-hours").workload
     assert spec is not None and hours is not None and hours.duration_scale == 1.0

@@ -8,14 +8,14 @@ import math
 import numpy as np
 import pytest
 
-from frenzy_opt.cluster import parse_cluster
-from frenzy_opt.gpus import lookup_gpu
-from frenzy_opt.plans import Plan
-from frenzy_opt.problem import Busy, Option, ProblemJob, Schedule, SchedulingProblem, check_schedule, objective
+from frenzy_opt.core.spec import ParallelConfig
+from frenzy_opt.hardware.cluster import parse_cluster
+from frenzy_opt.hardware.gpus import lookup_gpu
+from frenzy_opt.hardware.topology import Topology
+from frenzy_opt.planning.plans import Plan
+from frenzy_opt.planning.problem import Busy, Option, ProblemJob, Schedule, SchedulingProblem, check_schedule, objective
 from frenzy_opt.solvers.cpsat import BASE, CpSatSolver, ModelConfig, canonical_nodes, checkpoints, node_classes
 from frenzy_opt.solvers.greedy import GreedyHAS
-from frenzy_opt.spec import ParallelConfig
-from frenzy_opt.topology import Topology
 
 pytestmark = pytest.mark.solver
 

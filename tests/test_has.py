@@ -10,19 +10,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from frenzy_opt.cluster import parse_cluster
-from frenzy_opt.executors import ExitInfo, Launch, OnExit
-from frenzy_opt.gpus import lookup_gpu
-from frenzy_opt.orchestrator import Orchestrator
-from frenzy_opt.plans import Plan
-from frenzy_opt.problem import Option, OptionCache, ProblemJob, SchedulingProblem
-from frenzy_opt.scenario import Request, load_cluster_ref
-from frenzy_opt.simulator import SimJob, Simulator
+from frenzy_opt.core.spec import ParallelConfig, parse_job
+from frenzy_opt.hardware.cluster import parse_cluster
+from frenzy_opt.hardware.gpus import lookup_gpu
+from frenzy_opt.hardware.topology import Topology
+from frenzy_opt.launch.executors import ExitInfo, Launch, OnExit
+from frenzy_opt.planning.plans import Plan
+from frenzy_opt.planning.problem import Option, OptionCache, ProblemJob, SchedulingProblem
+from frenzy_opt.planning.scenario import Request, load_cluster_ref
+from frenzy_opt.service.orchestrator import Orchestrator
+from frenzy_opt.service.store import Store
+from frenzy_opt.simulation.simulator import SimJob, Simulator
 from frenzy_opt.solvers.greedy import GreedyState
 from frenzy_opt.solvers.policies import make_policy
-from frenzy_opt.spec import ParallelConfig, parse_job
-from frenzy_opt.store import Store
-from frenzy_opt.topology import Topology
 
 GPU = "A100-SXM4-80GB"
 # One type, two 8-GPU nodes (16 GPUs).

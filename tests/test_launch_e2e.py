@@ -17,10 +17,10 @@ import httpx
 import pytest
 
 from frenzy_opt.api.app import ServiceConfig
+from frenzy_opt.api.server import background_server
 from frenzy_opt.cli import main
-from frenzy_opt.executors.local import LocalExecutor
-from frenzy_opt.scenario import load_cluster_ref
-from frenzy_opt.service import background_server
+from frenzy_opt.launch.executors.local import LocalExecutor
+from frenzy_opt.planning.scenario import load_cluster_ref
 
 MODEL = {
     "num_layers": 4, "hidden_size": 64, "ffn_hidden_size": 128, "num_attention_heads": 4, "num_kv_heads": 2,
@@ -103,7 +103,7 @@ def _rank_pids(agent: int) -> list[int]:
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
-        if int(stat[1]) == agent and "frenzy_opt.train" in cmdline:
+        if int(stat[1]) == agent and "frenzy_opt.launch.train" in cmdline:
             pids.append(int(entry.name))
     return sorted(pids)
 
@@ -164,8 +164,8 @@ def test_frenzy_launch_runs_the_fastest_runnable_plan_and_reports_measured_vs_pr
 @pytest.mark.slow
 def test_the_closed_loop_refits_the_cpu_slot_efficiency_from_the_runs(service: tuple[httpx.Client, Path]) -> None:
     """A measured run refits CPU-SLOT's efficiency (its own job, so the test does not depend on the others)."""
-    from frenzy_opt.gpus import lookup_gpu
-    from frenzy_opt.plans import DEFAULT_STEP_MODEL
+    from frenzy_opt.hardware.gpus import lookup_gpu
+    from frenzy_opt.planning.plans import DEFAULT_STEP_MODEL
 
     client, _ = service
     parallel, runtime = MODES["ddp"]
@@ -178,7 +178,7 @@ def test_the_closed_loop_refits_the_cpu_slot_efficiency_from_the_runs(service: t
     default = DEFAULT_STEP_MODEL.efficiency_of(lookup_gpu("CPU-SLOT"), "fp32")
     assert body["efficiency"]["CPU-SLOT@fp32"] == entry["efficiency_after"] != default
     # The service plans with profile e2e-profile, so its closed loop wrote the refit into the profile.
-    from frenzy_opt.calibrations import CalibrationStore
+    from frenzy_opt.prediction.calibrations import CalibrationStore
 
     profile = CalibrationStore().read("e2e-profile")
     assert profile["parameters"]["efficiency"]["CPU-SLOT@fp32"] == entry["efficiency_after"]

@@ -2,7 +2,7 @@
 
 A restart is a fresh :class:`LocalExecutor` on the same run folder; the run it adopts is a stand-in process
 group (``sleep``) with the ``pids`` file and worker report a real attempt leaves behind, so what is checked
-is the executor's bookkeeping (the contract in :mod:`frenzy_opt.executors`): adopted runs are registered
+is the executor's bookkeeping (the contract in :mod:`frenzy_opt.launch.executors`): adopted runs are registered
 (devices taken, cancel and shutdown stop them), and a run that finished while the service was down is
 reported from its report's ``end`` record instead of being retried as lost.
 """
@@ -18,8 +18,8 @@ from typing import Any
 
 import pytest
 
-from frenzy_opt.executors import ExitInfo
-from frenzy_opt.executors.local import LocalExecutor
+from frenzy_opt.launch.executors import ExitInfo
+from frenzy_opt.launch.executors.local import LocalExecutor
 
 REPORT = [
     {"event": "start", "resumed_from": 0, "world": 2, "backend": "gloo"},
@@ -140,10 +140,10 @@ TINY = {
 
 
 def _local_options(job: dict[str, Any]) -> list[Any]:
-    from frenzy_opt.problem import OptionCache
-    from frenzy_opt.scenario import load_cluster_ref
-    from frenzy_opt.spec import parse_job
-    from frenzy_opt.topology import Topology
+    from frenzy_opt.core.spec import parse_job
+    from frenzy_opt.hardware.topology import Topology
+    from frenzy_opt.planning.problem import OptionCache
+    from frenzy_opt.planning.scenario import load_cluster_ref
 
     cluster = load_cluster_ref("local-4slot")
     executor = LocalExecutor(Path("unused-runs"))
@@ -166,11 +166,11 @@ def test_a_pinned_dp2_tp2_layout_gets_the_zero0_plan_the_dominance_rule_had_prun
 def test_every_plan_offered_to_the_local_executor_is_one_the_worker_accepts(runtime: str) -> None:
     """The worker's refusals (train.check_plan, and torch's 1F1B needing at least pp micro-batches) against
     what the planner offers through the executor's filter, for every pipeline depth the tiny job allows."""
-    from frenzy_opt.executors.local import worker_supports
-    from frenzy_opt.plans import enumerate_plans
-    from frenzy_opt.scenario import load_cluster_ref
-    from frenzy_opt.spec import parse_job
-    from frenzy_opt.train import check_plan
+    from frenzy_opt.core.spec import parse_job
+    from frenzy_opt.launch.executors.local import worker_supports
+    from frenzy_opt.launch.train import check_plan
+    from frenzy_opt.planning.plans import enumerate_plans
+    from frenzy_opt.planning.scenario import load_cluster_ref
 
     for pp in (2, 4):
         job = {**TINY, "training": {**TINY["training"], "runtime": runtime}, "parallel": {"pp": pp}}
@@ -185,8 +185,8 @@ def test_every_plan_offered_to_the_local_executor_is_one_the_worker_accepts(runt
 
 
 def test_fewer_micro_batches_than_pipeline_stages_are_refused_with_the_reason() -> None:
-    from frenzy_opt.executors.local import worker_supports
-    from frenzy_opt.spec import ParallelConfig, parse_job
+    from frenzy_opt.core.spec import ParallelConfig, parse_job
+    from frenzy_opt.launch.executors.local import worker_supports
 
     arch = parse_job(TINY).model
     why = worker_supports(ParallelConfig(dp=2, pp=2, zero_stage=3), arch, num_micro_batches=1)

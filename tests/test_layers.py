@@ -1,4 +1,4 @@
-"""Imports point one way: catalogues/specs <- MARP, step time <- plans <- validation/scenarios <- solvers <- API/CLI."""
+"""Imports point one way, from the CLI down to the specs: each concept package sits on a layer."""
 
 from __future__ import annotations
 
@@ -6,52 +6,30 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-# Source folder -> import prefix (the setuptools package-dir mapping of pyproject.toml).
+# Source folder -> import prefix (frenzy_opt/ links the user's top-level folders in as subpackages).
 FOLDERS = {
     "frenzy_opt": "frenzy_opt",
     "models": "frenzy_opt.models",
     "solvers": "frenzy_opt.solvers",
     "api": "frenzy_opt.api",
 }
-# Lower number = lower layer; a module may import only its own layer or lower ones.
+# Packages by concept, lowest first; a module may import only its own layer or lower ones (docs/architecture.md).
 LAYERS = {
     "frenzy_opt.models": 0,
-    "frenzy_opt.gpus": 0,
-    "frenzy_opt.machine": 0,
-    "frenzy_opt.stats": 0,
-    "frenzy_opt.spec": 1,
-    "frenzy_opt.cluster": 2,
-    "frenzy_opt.topology": 2,
-    "frenzy_opt.marp": 3,
-    "frenzy_opt.steptime": 3,
-    "frenzy_opt.calibrations": 4,
-    "frenzy_opt.plans": 4,
-    "frenzy_opt.scenario": 4,
-    "frenzy_opt.workload": 4,
-    "frenzy_opt.profiles": 4,
-    "frenzy_opt.tracemap": 5,
-    "frenzy_opt.simulator": 5,
+    "frenzy_opt.core": 1,
+    "frenzy_opt.hardware": 2,
+    "frenzy_opt.prediction": 3,
+    "frenzy_opt.planning": 4,
+    "frenzy_opt.tracing": 4,
     "frenzy_opt.validation": 5,
-    "frenzy_opt.tracing": 5,
-    "frenzy_opt.problem": 5,
-    "frenzy_opt.store": 2,
-    "frenzy_opt.executors": 5,
-    "frenzy_opt.train": 5,
-    "frenzy_opt.closedloop": 5,
-    "frenzy_opt.launch": 6,
-    "frenzy_opt.export": 2,
+    "frenzy_opt.launch": 5,
+    "frenzy_opt.simulation": 5,
+    "frenzy_opt.plots": 6,
     "frenzy_opt.solvers": 6,
-    "frenzy_opt.truth": 6,
-    "frenzy_opt.siareplay": 6,
-    "frenzy_opt.orchestrator": 6,
-    "frenzy_opt.api": 7,
-    "frenzy_opt.gantt": 7,
-    "frenzy_opt.simplot": 7,
-    "frenzy_opt.experiment": 7,
-    "frenzy_opt.protocol": 7,
-    "frenzy_opt.report": 7,
     "frenzy_opt.service": 7,
-    "frenzy_opt.cli": 8,
+    "frenzy_opt.research": 7,
+    "frenzy_opt.api": 8,
+    "frenzy_opt.cli": 9,
 }
 
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from frenzy_opt.marp.layout import state_layout
-from frenzy_opt.marp.predictor import predict_memory
+from frenzy_opt.core.spec import JobSpec, ParallelConfig, TrainingConfig, parse_job
 from frenzy_opt.models.arch import shard_param_counts
 from frenzy_opt.models.catalog import lookup_model
-from frenzy_opt.spec import JobSpec, ParallelConfig, TrainingConfig, parse_job
+from frenzy_opt.prediction.marp.layout import state_layout
+from frenzy_opt.prediction.marp.predictor import predict_memory
 
 GB = 1e9
 

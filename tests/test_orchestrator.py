@@ -10,12 +10,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from frenzy_opt.executors import ExitInfo, Launch, OnExit
-from frenzy_opt.orchestrator import Orchestrator
-from frenzy_opt.problem import OptionCache
-from frenzy_opt.scenario import load_cluster_ref
-from frenzy_opt.store import Store
-from frenzy_opt.topology import Topology
+from frenzy_opt.hardware.topology import Topology
+from frenzy_opt.launch.executors import ExitInfo, Launch, OnExit
+from frenzy_opt.planning.problem import OptionCache
+from frenzy_opt.planning.scenario import load_cluster_ref
+from frenzy_opt.service.orchestrator import Orchestrator
+from frenzy_opt.service.store import Store
 
 CLUSTER = load_cluster_ref("paper-3type")
 CACHE = OptionCache(CLUSTER, Topology(CLUSTER))  # plan searches shared by every example

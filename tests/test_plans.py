@@ -8,11 +8,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from frenzy_opt.cluster import ClusterSpec, parse_cluster
-from frenzy_opt.gpus import lookup_gpu
-from frenzy_opt.marp.fit import SHIPPED_FIT
-from frenzy_opt.marp.predictor import predict_memory
-from frenzy_opt.plans import (
+from frenzy_opt.core.spec import JobSpec, parse_job
+from frenzy_opt.hardware.cluster import ClusterSpec, parse_cluster
+from frenzy_opt.hardware.gpus import lookup_gpu
+from frenzy_opt.planning.plans import (
     Plan,
     _configs_at,
     _dp_choices,
@@ -22,7 +21,8 @@ from frenzy_opt.plans import (
     enumerate_plans,
     rank_plans,
 )
-from frenzy_opt.spec import JobSpec, parse_job
+from frenzy_opt.prediction.marp.fit import SHIPPED_FIT
+from frenzy_opt.prediction.marp.predictor import predict_memory
 
 
 def _cluster(*groups: tuple[str, int, int]) -> ClusterSpec:

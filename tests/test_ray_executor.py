@@ -13,12 +13,12 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from frenzy_opt.executors import ExitInfo, Launch  # noqa: E402
-from frenzy_opt.executors.ray import RayExecutor  # noqa: E402
-from frenzy_opt.problem import OptionCache  # noqa: E402
-from frenzy_opt.scenario import load_cluster_ref  # noqa: E402
-from frenzy_opt.spec import parse_job  # noqa: E402
-from frenzy_opt.topology import Topology  # noqa: E402
+from frenzy_opt.core.spec import parse_job  # noqa: E402
+from frenzy_opt.hardware.topology import Topology  # noqa: E402
+from frenzy_opt.launch.executors import ExitInfo, Launch  # noqa: E402
+from frenzy_opt.launch.executors.ray import RayExecutor  # noqa: E402
+from frenzy_opt.planning.problem import OptionCache  # noqa: E402
+from frenzy_opt.planning.scenario import load_cluster_ref  # noqa: E402
 
 JOB = {
     "name": "tiny",

@@ -15,9 +15,9 @@ from fastapi.testclient import TestClient
 
 from frenzy_opt.api.app import ServiceConfig, Throttled, create_app
 from frenzy_opt.api.auth import parse_tenants
-from frenzy_opt.executors.simulated import SimulatedExecutor
-from frenzy_opt.scenario import load_cluster_ref
-from frenzy_opt.spec import parse_job
+from frenzy_opt.core.spec import parse_job
+from frenzy_opt.launch.executors.simulated import SimulatedExecutor
+from frenzy_opt.planning.scenario import load_cluster_ref
 
 A, B, ADMIN = "token-team-a", "token-team-b", "token-admin-1"
 TENANTS = {
@@ -318,7 +318,7 @@ def test_local_mode_needs_no_token(tmp_path: Path) -> None:
 
 
 def test_the_demo_line_of_a_start_shows_every_parallel_dimension() -> None:
-    from frenzy_opt.service import _describe
+    from frenzy_opt.api.server import _describe
 
     plan = {"gpu_type": "A100-SXM4-80GB", "num_gpus": 16, "est_runtime_s": 3600.0}
     plan["parallel"] = {"dp": 1, "tp": 4, "pp": 2, "vpp": None, "cp": 2, "ep": 1, "zero_stage": 1}

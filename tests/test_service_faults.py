@@ -25,10 +25,10 @@ from sqlalchemy import event, text
 
 from frenzy_opt.api.app import ServiceConfig, create_app
 from frenzy_opt.api.auth import parse_tenants
-from frenzy_opt.executors.simulated import SimulatedExecutor
-from frenzy_opt.scenario import load_cluster_ref
-from frenzy_opt.service import serve
-from frenzy_opt.store import Store, StoreCorrupt, StoreInUse, sqlite_path
+from frenzy_opt.api.server import serve
+from frenzy_opt.launch.executors.simulated import SimulatedExecutor
+from frenzy_opt.planning.scenario import load_cluster_ref
+from frenzy_opt.service.store import Store, StoreCorrupt, StoreInUse, sqlite_path
 
 SMALL = {"model": "gpt3-125m", "training": {"seq_len": 1024, "global_batch_size": 32, "train_steps": 50}}
 LONG = {"model": "llama3-8b", "training": {"seq_len": 4096, "global_batch_size": 512, "train_steps": 100_000}}

@@ -15,9 +15,9 @@ from typing import Any
 import httpx
 import pytest
 
-from frenzy_opt.machine import free_port
-from frenzy_opt.scenario import load_cluster_ref
-from frenzy_opt.service import background_server, build_config
+from frenzy_opt.api.server import background_server, build_config
+from frenzy_opt.core.machine import free_port
+from frenzy_opt.planning.scenario import load_cluster_ref
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = {"model": "gpt3-125m", "training": {"seq_len": 1024, "global_batch_size": 32, "train_steps": 50}}
@@ -43,7 +43,7 @@ def test_a_real_uvicorn_server_on_loopback(tmp_path: Path) -> None:
 
 
 def _serve(db: str, port: int, time_scale: float, stderr: Any = subprocess.DEVNULL) -> subprocess.Popen[bytes]:
-    command = [sys.executable, "-P", "-m", "frenzy_opt.cli", "serve", "--port", str(port), "--db", db]
+    command = [sys.executable, "-m", "frenzy_opt.cli", "serve", "--port", str(port), "--db", db]
     command += ["--time-scale", str(time_scale)]
     return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr)
 
@@ -154,7 +154,6 @@ def test_schemathesis_finds_no_server_error(tmp_path: Path) -> None:
     result = subprocess.run(
         [
             sys.executable,
-            "-P",
             "-m",
             "pytest",
             "-q",

@@ -1,4 +1,5 @@
-"""Replaying Sia's workloads with its tables (frenzy_opt.siareplay) on an invented fixture in Sia's formats."""
+"""Replaying Sia's workloads with its tables (frenzy_opt.simulation.siareplay) on an invented fixture in Sia's
+formats."""
 
 from __future__ import annotations
 
@@ -8,12 +9,18 @@ from pathlib import Path
 import pytest
 
 from frenzy_opt.cli import main
-from frenzy_opt.profiles import read_sia_profiles
-from frenzy_opt.scenario import load_cluster_ref
-from frenzy_opt.siareplay import RESCALE_S, SLOWDOWN, iterations_to_complete, load_sia_replay, read_validation
-from frenzy_opt.simulator import Simulator, check_result
+from frenzy_opt.hardware.topology import Topology
+from frenzy_opt.planning.scenario import load_cluster_ref
+from frenzy_opt.simulation.profiles import read_sia_profiles
+from frenzy_opt.simulation.siareplay import (
+    RESCALE_S,
+    SLOWDOWN,
+    iterations_to_complete,
+    load_sia_replay,
+    read_validation,
+)
+from frenzy_opt.simulation.simulator import Simulator, check_result
 from frenzy_opt.solvers.policies import make_policy
-from frenzy_opt.topology import Topology
 
 DATA = Path(__file__).parent / "data" / "sia_replay"
 TRACES = DATA / "traces"

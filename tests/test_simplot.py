@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from frenzy_opt.cluster import parse_cluster
-from frenzy_opt.scenario import load_scenario
-from frenzy_opt.simplot import plot_jct_cdf, plot_sim_gantt, plot_utilization, utilization_series
-from frenzy_opt.simulator import JobState, Segment, SimJob, SimResult, sim_jobs
-from frenzy_opt.topology import Topology
+from frenzy_opt.hardware.cluster import parse_cluster
+from frenzy_opt.hardware.topology import Topology
+from frenzy_opt.planning.scenario import load_scenario
+from frenzy_opt.plots.simplot import plot_jct_cdf, plot_sim_gantt, plot_utilization, utilization_series
+from frenzy_opt.simulation.simulator import JobState, Segment, SimJob, SimResult, sim_jobs
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from frenzy_opt import steptime
 from frenzy_opt.cli import main
+from frenzy_opt.prediction import steptime
 
 POLICY_KEYS = (
     "avg_jct_s", "p50_jct_s", "p99_jct_s", "makespan_s", "utilization", "mean_decision_ms", "p99_decision_ms",

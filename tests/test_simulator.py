@@ -10,12 +10,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from frenzy_opt.cluster import parse_cluster
-from frenzy_opt.gpus import lookup_gpu
-from frenzy_opt.plans import Plan
-from frenzy_opt.problem import Option
-from frenzy_opt.scenario import Request, load_scenario
-from frenzy_opt.simulator import (
+from frenzy_opt.core.spec import ParallelConfig
+from frenzy_opt.hardware.cluster import parse_cluster
+from frenzy_opt.hardware.gpus import lookup_gpu
+from frenzy_opt.hardware.topology import Topology
+from frenzy_opt.planning.plans import Plan
+from frenzy_opt.planning.problem import Option
+from frenzy_opt.planning.scenario import Request, load_scenario
+from frenzy_opt.simulation.simulator import (
     Action,
     Failures,
     SimJob,
@@ -27,8 +29,6 @@ from frenzy_opt.simulator import (
     sim_jobs,
 )
 from frenzy_opt.solvers.policies import make_policy, place, policy_names
-from frenzy_opt.spec import ParallelConfig
-from frenzy_opt.topology import Topology
 
 GPU_TYPES = ("A100-SXM4-80GB", "V100-SXM2-32GB")
 

@@ -9,10 +9,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from frenzy_opt.cluster import parse_cluster
-from frenzy_opt.gpus import lookup_gpu
-from frenzy_opt.plans import Plan
-from frenzy_opt.problem import (
+from frenzy_opt.core.spec import ParallelConfig
+from frenzy_opt.hardware.cluster import parse_cluster
+from frenzy_opt.hardware.gpus import lookup_gpu
+from frenzy_opt.hardware.topology import Topology
+from frenzy_opt.planning.plans import Plan
+from frenzy_opt.planning.problem import (
     Option,
     ProblemJob,
     Schedule,
@@ -21,11 +23,9 @@ from frenzy_opt.problem import (
     check_schedule,
     objective,
 )
-from frenzy_opt.scenario import load_scenario
+from frenzy_opt.planning.scenario import load_scenario
 from frenzy_opt.solvers import make_solver, solver_names
 from frenzy_opt.solvers.lpbound import lp_lower_bound
-from frenzy_opt.spec import ParallelConfig
-from frenzy_opt.topology import Topology
 
 GPU_TYPES = ("A100-SXM4-80GB", "V100-SXM2-32GB", "RTX-3090")
 

@@ -14,13 +14,7 @@ import pytest
 import torch
 import yaml
 
-from frenzy_opt.cluster import parse_cluster
-from frenzy_opt.gpus import load_gpus, lookup_gpu
-from frenzy_opt.models.arch import shard_param_counts
-from frenzy_opt.models.catalog import catalog_names, load_catalog, lookup_model, parse_model, published_params
-from frenzy_opt.models.reference import ReferenceDecoder, ShardSpec, _RMSNormFunction
-from frenzy_opt.scenario import load_cluster_ref, load_scenario, parse_scenario, resolve, shipped_names
-from frenzy_opt.spec import (
+from frenzy_opt.core.spec import (
     ATTENTIONS,
     OPTIMIZERS,
     PARALLEL_FIELDS,
@@ -31,6 +25,12 @@ from frenzy_opt.spec import (
     load_job,
     parse_job,
 )
+from frenzy_opt.hardware.cluster import parse_cluster
+from frenzy_opt.hardware.gpus import load_gpus, lookup_gpu
+from frenzy_opt.models.arch import shard_param_counts
+from frenzy_opt.models.catalog import catalog_names, load_catalog, lookup_model, parse_model, published_params
+from frenzy_opt.models.reference import ReferenceDecoder, ShardSpec, _RMSNormFunction
+from frenzy_opt.planning.scenario import load_cluster_ref, load_scenario, parse_scenario, resolve, shipped_names
 
 CATALOGUE = sorted(load_catalog())
 

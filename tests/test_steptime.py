@@ -7,11 +7,12 @@ from dataclasses import replace
 
 import pytest
 
-from frenzy_opt.cluster import parse_cluster
-from frenzy_opt.gpus import lookup_gpu
-from frenzy_opt.plans import enumerate_plans
-from frenzy_opt.spec import JobSpec, parse_job
-from frenzy_opt.steptime import (
+from frenzy_opt.core.spec import JobSpec, parse_job
+from frenzy_opt.hardware.cluster import parse_cluster
+from frenzy_opt.hardware.gpus import lookup_gpu
+from frenzy_opt.hardware.topology import links_for
+from frenzy_opt.planning.plans import enumerate_plans
+from frenzy_opt.prediction.steptime import (
     FLASH_ARCHITECTURES,
     Links,
     StepTimeModel,
@@ -21,7 +22,6 @@ from frenzy_opt.steptime import (
     step_terms,
     step_time,
 )
-from frenzy_opt.topology import links_for
 
 GOLDEN_TOLERANCE = 0.15
 H100 = lookup_gpu("H100-SXM5-80GB")

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from frenzy_opt.cluster import parse_cluster
-from frenzy_opt.gpus import lookup_gpu
-from frenzy_opt.topology import Topology
+from frenzy_opt.hardware.cluster import parse_cluster
+from frenzy_opt.hardware.gpus import lookup_gpu
+from frenzy_opt.hardware.topology import Topology
 
 
 def _topology() -> Topology:

@@ -1,4 +1,4 @@
-"""Simulated truth (:mod:`frenzy_opt.truth`): the model truth reproduces the results from before truth
+"""Simulated truth (:mod:`frenzy_opt.simulation.truth`): the model truth reproduces the results from before truth
 existed, the noisy truth is reproducible per seed, policies plan with what they would know and pay for
 their errors, the profiled truth reads Sia's and Gavel's table formats (our own invented numbers under
 tests/data/profiles), and ``--seeds`` adds confidence intervals."""
@@ -11,21 +11,21 @@ from pathlib import Path
 
 import pytest
 
-from frenzy_opt import steptime
-from frenzy_opt.cluster import parse_cluster
-from frenzy_opt.experiment import truth_metrics
-from frenzy_opt.gpus import lookup_gpu
-from frenzy_opt.plans import Plan
-from frenzy_opt.problem import Option
-from frenzy_opt.profiles import ProfileTable, read_gavel_throughputs, read_sia_profiles
-from frenzy_opt.scenario import Request
-from frenzy_opt.simulator import Action, ModelTruth, SimJob, SimResult, Simulator, Start, Truth, check_result
+from frenzy_opt.core.spec import ParallelConfig
+from frenzy_opt.hardware.cluster import parse_cluster
+from frenzy_opt.hardware.gpus import lookup_gpu
+from frenzy_opt.hardware.topology import Topology
+from frenzy_opt.planning.plans import Plan
+from frenzy_opt.planning.problem import Option
+from frenzy_opt.planning.scenario import Request
+from frenzy_opt.prediction import steptime
+from frenzy_opt.research.experiment import truth_metrics
+from frenzy_opt.research.stats import ci95_half_width, student_t_quantile
+from frenzy_opt.simulation.profiles import ProfileTable, read_gavel_throughputs, read_sia_profiles
+from frenzy_opt.simulation.simulator import Action, ModelTruth, SimJob, SimResult, Simulator, Start, Truth, check_result
+from frenzy_opt.simulation.truth import NoisyTruth, ProfiledTruth, truth_spec
 from frenzy_opt.solvers.policies import make_policy
 from frenzy_opt.solvers.roundbased import known_step_s
-from frenzy_opt.spec import ParallelConfig
-from frenzy_opt.stats import ci95_half_width, student_t_quantile
-from frenzy_opt.topology import Topology
-from frenzy_opt.truth import NoisyTruth, ProfiledTruth, truth_spec
 
 A100, V100 = "A100-SXM4-80GB", "V100-SXM2-32GB"
 

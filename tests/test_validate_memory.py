@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from frenzy_opt.cli import main
-from frenzy_opt.marp.fit import MemoryFit, load_fit
+from frenzy_opt.prediction.marp.fit import MemoryFit, load_fit
 from frenzy_opt.validation.measured import (
     calibrate,
     cross_validate,

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from frenzy_opt.calibrations import CalibrationStore, check_name
 from frenzy_opt.cli import main
-from frenzy_opt.gpus import lookup_gpu
-from frenzy_opt.steptime import StepTimeModel, shipped_model
+from frenzy_opt.hardware.gpus import lookup_gpu
+from frenzy_opt.prediction.calibrations import CalibrationStore, check_name
+from frenzy_opt.prediction.steptime import StepTimeModel, shipped_model
 from frenzy_opt.validation.steptime import (
     REQUIRED_COLUMNS,
     cross_validate,
@@ -128,9 +128,9 @@ def test_rows_that_cannot_be_modelled_say_why() -> None:
 
 
 def test_launcher_reports_are_measured_runs(tmp_path: Path) -> None:
-    from frenzy_opt.cluster import parse_cluster
-    from frenzy_opt.plans import enumerate_plans
-    from frenzy_opt.spec import parse_job
+    from frenzy_opt.core.spec import parse_job
+    from frenzy_opt.hardware.cluster import parse_cluster
+    from frenzy_opt.planning.plans import enumerate_plans
 
     job = parse_job({"name": "tiny", "model": "gpt3-125m", "training": {"seq_len": 512, "global_batch_size": 8}})
     cluster = parse_cluster({"node_groups": [{"gpu": "A100-SXM4-80GB", "num_nodes": 1}]})

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from frenzy_opt.marp.activations import native_operators
-from frenzy_opt.marp.predictor import predict_memory
+from frenzy_opt.prediction.marp.activations import native_operators
+from frenzy_opt.prediction.marp.predictor import predict_memory
 from frenzy_opt.validation.cases import CASES, Case
 from frenzy_opt.validation.harness import check_supported, measure
 from frenzy_opt.validation.report import run_case, to_markdown

@@ -9,11 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from frenzy_opt.problem import OptionCache
-from frenzy_opt.scenario import load_cluster_ref, parse_scenario
-from frenzy_opt.topology import Topology
-from frenzy_opt.tracemap import TraceMapper, default_request, expand
-from frenzy_opt.workload import (
+from frenzy_opt.hardware.topology import Topology
+from frenzy_opt.planning.problem import OptionCache
+from frenzy_opt.planning.scenario import load_cluster_ref, parse_scenario
+from frenzy_opt.planning.workload import (
     TraceJob,
     WorkloadSpec,
     parse_workload,
@@ -22,6 +21,7 @@ from frenzy_opt.workload import (
     synthetic_trace,
     trace_of,
 )
+from frenzy_opt.simulation.tracemap import TraceMapper, default_request, expand
 
 
 def test_synthetic_trace_is_seeded_and_follows_the_philly_distribution() -> None:

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from frenzy_opt.spec import JobSpec
+from frenzy_opt.core.spec import JobSpec
 from frenzy_opt.tracing import common
 from frenzy_opt.tracing.recorder import AllocationRecorder
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from frenzy_opt.spec import JobSpec
+from frenzy_opt.core.spec import JobSpec
 from frenzy_opt.tracing import common
 from frenzy_opt.tracing.recorder import AllocationRecorder
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from frenzy_opt.spec import JobSpec
+from frenzy_opt.core.spec import JobSpec
 from frenzy_opt.tracing.common import StageTrace, TraceResult
 
 TRACE_RUNTIMES = ("fsdp2", "megatron")

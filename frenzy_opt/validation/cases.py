@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from frenzy_opt.spec import JobSpec, parse_job
+from frenzy_opt.core.spec import JobSpec, parse_job
 
 # A small LLaMA-style model (GQA 16/4, SwiGLU, RMSNorm, RoPE): fast to run, every term visible.
 SMALL: dict[str, Any] = {

@@ -2,7 +2,7 @@
 
 ``torch.cuda.max_memory_allocated`` and ``max_memory_reserved`` after a steady-state step, and the device
 memory nvidia-smi reports for this GPU. Used by ``benchmarks/gpu_memory.py`` on a machine with a GPU to
-compare with MARP and calibrate the CUDA-only terms (:class:`frenzy_opt.marp.predictor.CudaTerms`).
+compare with MARP and calibrate the CUDA-only terms (:class:`frenzy_opt.prediction.marp.predictor.CudaTerms`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from frenzy_opt.spec import JobSpec
+from frenzy_opt.core.spec import JobSpec
 from frenzy_opt.validation.harness import build_rank, check_supported, megatron_optimizer, run_step
 
 MIB = 2**20

@@ -28,9 +28,9 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._tools.mem_tracker import MemTracker
 
-from frenzy_opt.marp.stages import stage_shape
+from frenzy_opt.core.spec import JobSpec
 from frenzy_opt.models.reference import ReferenceDecoder, ShardSpec
-from frenzy_opt.spec import JobSpec
+from frenzy_opt.prediction.marp.stages import stage_shape
 
 HARNESS_RUNTIMES = ("megatron",)
 _TORCH_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}

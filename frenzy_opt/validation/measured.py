@@ -34,10 +34,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from frenzy_opt.marp.fit import FIT_PATH, METRICS, MemoryFit, load_fit
-from frenzy_opt.marp.predictor import MemoryPrediction, cuda_terms_of, predict_memory, upper_bytes
+from frenzy_opt.core.spec import JobSpec, ParallelConfig, TrainingConfig, check_parallel, default_zero_stage
 from frenzy_opt.models.arch import ModelArch
-from frenzy_opt.spec import JobSpec, ParallelConfig, TrainingConfig, check_parallel, default_zero_stage
+from frenzy_opt.prediction.marp.fit import FIT_PATH, METRICS, MemoryFit, load_fit
+from frenzy_opt.prediction.marp.predictor import MemoryPrediction, cuda_terms_of, predict_memory, upper_bytes
 
 GIB = 2**30
 REQUIRED_COLUMNS = (

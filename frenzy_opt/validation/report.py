@@ -19,8 +19,8 @@ from pathlib import Path
 
 import torch
 
-from frenzy_opt.marp.activations import native_operators
-from frenzy_opt.marp.predictor import predict_memory
+from frenzy_opt.prediction.marp.activations import native_operators
+from frenzy_opt.prediction.marp.predictor import predict_memory
 from frenzy_opt.validation.cases import CASES, Case
 from frenzy_opt.validation.harness import measure
 

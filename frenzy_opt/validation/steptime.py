@@ -10,7 +10,7 @@ precision, runtime from the framework), its parallel config (dp, tp, pp, vpp, cp
 parallelism, ZeRO stage, recompute), the GPU type and the links of the row's own words (:func:`links_of`).
 Where a source leaves a field out, the rule used is stated in the row's ``assumptions``; a row that cannot
 be modelled carries ``skip_reason`` (nothing is dropped silently). Rows measured as TFLOP/s per GPU are
-turned into seconds with the model's own FLOP count (:func:`frenzy_opt.steptime.step_flops`), so their
+turned into seconds with the model's own FLOP count (:func:`frenzy_opt.prediction.steptime.step_flops`), so their
 error is the error of the predicted TFLOP/s.
 
 **Heterogeneous rows** (several GPU types in one job) are priced on their slowest GPU type and slowest
@@ -19,7 +19,7 @@ Sec. 2.2; Sailor, Strati et al. 2025, Sec. 4 models heterogeneous stages the sam
 balanced their stages for speed, so this is an upper estimate.
 
 **Error** of a row = ``predicted / measured - 1``; the scores are the mean of ``|error|``. **Fit**
-(:func:`fit`): the parameters of :class:`~frenzy_opt.steptime.StepTimeModel` minimising the sum of squared
+(:func:`fit`): the parameters of :class:`~frenzy_opt.prediction.steptime.StepTimeModel` minimising the sum of squared
 ``log(predicted / measured)`` (a relative error, symmetric in over- and under-prediction), by
 Levenberg-Marquardt (Marquardt 1963) over the logarithms of the parameters with a numerical Jacobian.
 **Cross-validation** (:func:`cross_validate`) refits without each source (or GPU type) in turn and
@@ -39,10 +39,10 @@ from typing import Any
 
 import numpy as np
 
-from frenzy_opt.gpus import GpuType, lookup_gpu
+from frenzy_opt.core.spec import ZERO_STAGES_BY_RUNTIME, JobSpec, ParallelConfig, TrainingConfig, check_parallel
+from frenzy_opt.hardware.gpus import GpuType, lookup_gpu
 from frenzy_opt.models.arch import ModelArch
-from frenzy_opt.spec import ZERO_STAGES_BY_RUNTIME, JobSpec, ParallelConfig, TrainingConfig, check_parallel
-from frenzy_opt.steptime import (
+from frenzy_opt.prediction.steptime import (
     DEFAULT_EFFICIENCY,
     FIT_PATH,
     MIN_BAND_RUNS,
@@ -281,7 +281,7 @@ def _least_recompute_that_fits(job: JobSpec, gpu: GpuType, notes: list[str]) -> 
     full) whose predicted tensors (``peak_allocated_bytes``) fit the GPU within MARP's cross-validated error
     (:data:`MEMORY_TOLERANCE`; full when none does). The allocated peak, not the nvidia-smi footprint, is
     the test: MARP's CUDA-context and allocator terms are its least certain part (docs/marp-validation.md)."""
-    from frenzy_opt.marp.predictor import predict_memory
+    from frenzy_opt.prediction.marp.predictor import predict_memory
 
     for choice in ("none", "selective", "full"):
         candidate = replace(job, parallel=replace(job.parallel, recompute=choice))
@@ -438,7 +438,7 @@ def parse_row(row: dict[str, str]) -> StepRun:
 def runs_from_reports(paths: Sequence[str | Path]) -> list[StepRun]:
     """Measured runs from the launcher's JSON reports (``frenzy launch ... --json``): the job, the plan it
     ran and the placement's node size; the measured median step time."""
-    from frenzy_opt.spec import parse_job
+    from frenzy_opt.core.spec import parse_job
 
     runs = []
     for path in paths:
@@ -890,8 +890,8 @@ def refused(run: StepRun) -> str | None:
 
     The job is pinned to the run's parallel config and micro-batch and planned on a cluster of the run's
     GPU type and node size, as ``frenzy plan`` would; a refusal is a plan search without that plan."""
-    from frenzy_opt.cluster import parse_cluster
-    from frenzy_opt.plans import enumerate_plans
+    from frenzy_opt.hardware.cluster import parse_cluster
+    from frenzy_opt.planning.plans import enumerate_plans
 
     assert run.job is not None and run.gpu is not None and run.links is not None
     job = replace(run.job, pinned=frozenset({*PARALLEL_FIELDS, "micro_batch_size"}))
@@ -938,7 +938,7 @@ def render_markdown(result: Validation, command: str, refusals: dict[str, str | 
         "",
         f"- Command: `{command}`",
         "- Data: the calibration file's rows (one published run each; sources and locators in its README).",
-        "- Model: `frenzy_opt/steptime.py`; parameters fitted by `frenzy_opt/validation/steptime.py` on the",
+        "- Model: `frenzy_opt/prediction/steptime.py`; parameters fitted by `frenzy_opt/validation/steptime.py` on the",
         "  homogeneous rows (heterogeneous rows are priced on their slowest GPU type and only scored).",
         "- Error = predicted / measured - 1; tables give the mean |error| (signed mean in brackets).",
         "- In sample = the parameters fitted on every row; leave one source out (LOSO) = each source's rows",

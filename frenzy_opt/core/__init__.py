@@ -1,0 +1,1 @@
+"""Core vocabulary: the job spec (contract 1) and this machine."""

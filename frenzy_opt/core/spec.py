@@ -1,0 +1,295 @@
+"""Job specs (contract 1): the training config and the parallel config, parsed and validated.
+
+``dp``, ``tp``, ``pp``, ``vpp``, ``cp`` and ``ep`` are the data, tensor, pipeline, virtual-pipeline,
+context and expert parallel degrees, defined once here. Every parse error is a ``ValueError`` naming the
+field and, for enumerations, the allowed values.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from frenzy_opt.models.arch import ModelArch
+from frenzy_opt.models.catalog import parse_model
+
+PRECISIONS = ("bf16", "fp16", "fp32", "fp8")
+OPTIMIZERS = ("adamw", "adam", "sgd", "adafactor")
+RUNTIMES = ("megatron", "fsdp2", "deepspeed", "hf")
+RECOMPUTES = ("none", "selective", "full")
+ZERO_STAGES_BY_RUNTIME = {"megatron": (0, 1, 2, 3), "deepspeed": (0, 1, 2, 3), "fsdp2": (2, 3), "hf": (0,)}
+"""ZeRO stages each runtime implements: Megatron-core's distributed optimizer (1) and Megatron FSDP's
+``optim_grads`` (2) and ``optim_grads_params`` (3); DeepSpeed ZeRO 1-3; FSDP2 ``fully_shard`` with
+``reshard_after_forward`` False (2) or True (3); Hugging Face Trainer on DDP (0)."""
+ATTENTIONS = ("flash", "eager")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainingConfig:
+    """What to train: sequence length and batch in tokens/sequences, steps, number formats, runtime."""
+
+    seq_len: int = 2048
+    micro_batch_size: int = 1
+    global_batch_size: int = 512
+    train_steps: int = 1000
+    precision: str = "bf16"
+    optimizer: str = "adamw"
+    runtime: str = "megatron"
+    memory_headroom: float | None = None
+    """Fraction of each GPU's memory the planner keeps free beyond MARP's upper bound (None: the shipped
+    fit's default from cross-validation, :mod:`frenzy_opt.prediction.marp.fit`)."""
+    tp_comm_overlap: bool = False
+    """The runtime overlaps tensor-parallel collectives with the GEMMs they feed (Megatron's
+    ``--tp-comm-overlap`` with Transformer Engine userbuffers, torchtitan's async TP)."""
+
+    def __post_init__(self) -> None:
+        for name in ("seq_len", "micro_batch_size", "global_batch_size", "train_steps"):
+            _check_positive_int(f"training.{name}", getattr(self, name))
+        _check_choice("training.precision", self.precision, PRECISIONS)
+        _check_choice("training.optimizer", self.optimizer, OPTIMIZERS)
+        _check_choice("training.runtime", self.runtime, RUNTIMES)
+        check_headroom("training.memory_headroom", self.memory_headroom)
+        if not isinstance(self.tp_comm_overlap, bool):
+            raise ValueError(f"training.tp_comm_overlap must be true or false, got {self.tp_comm_overlap!r}")
+        if self.global_batch_size % self.micro_batch_size:
+            raise ValueError(
+                f"training.global_batch_size ({self.global_batch_size}) must be a multiple of "
+                f"training.micro_batch_size ({self.micro_batch_size})"
+            )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParallelConfig:
+    """How one job is split over GPUs. ``num_gpus = dp * tp * pp * cp`` (experts reuse dp ranks for ep)."""
+
+    dp: int = 1
+    tp: int = 1
+    pp: int = 1
+    vpp: int = 1
+    sequence_parallel: bool = False
+    cp: int = 1
+    ep: int = 1
+    zero_stage: int = 0
+    recompute: str = "none"
+    attention: str = "flash"
+
+    def __post_init__(self) -> None:
+        for name in ("dp", "tp", "pp", "vpp", "cp", "ep"):
+            _check_positive_int(f"parallel.{name}", getattr(self, name))
+        if self.zero_stage not in (0, 1, 2, 3) or isinstance(self.zero_stage, bool):
+            raise ValueError(f"parallel.zero_stage must be one of 0, 1, 2, 3, got {self.zero_stage!r}")
+        if not isinstance(self.sequence_parallel, bool):
+            raise ValueError(f"parallel.sequence_parallel must be true or false, got {self.sequence_parallel!r}")
+        _check_choice("parallel.recompute", self.recompute, RECOMPUTES)
+        _check_choice("parallel.attention", self.attention, ATTENTIONS)
+        if self.vpp > 1 and self.pp == 1:
+            raise ValueError("parallel.vpp > 1 needs parallel.pp > 1 (interleaving splits pipeline stages)")
+        if self.dp % self.ep:
+            raise ValueError(f"parallel.ep ({self.ep}) must divide parallel.dp ({self.dp})")
+
+    @property
+    def num_gpus(self) -> int:
+        return self.dp * self.tp * self.pp * self.cp
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+PARALLEL_FIELDS = tuple(f.name for f in fields(ParallelConfig))
+
+PRIORITY_RANGE = (-100, 100)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SchedulingConfig:
+    """How the scheduler should treat the job (contract 1's optional ``scheduling`` section)."""
+
+    priority: int = 0
+    """Priority class: every queued job of a higher class is served before any of a lower one, and the HAS
+    preempts only jobs of a lower or equal class (-100 … 100)."""
+    max_gpus: int | None = None
+    """At most this many GPUs (None: as many as the planner finds useful)."""
+    deadline_s: float | None = None
+    """Seconds after submission by which the job should have finished (None: no deadline)."""
+
+    def __post_init__(self) -> None:
+        low, high = PRIORITY_RANGE
+        if isinstance(self.priority, bool) or not isinstance(self.priority, int) or not low <= self.priority <= high:
+            raise ValueError(f"scheduling.priority must be an integer in [{low}, {high}], got {self.priority!r}")
+        if self.max_gpus is not None:
+            _check_positive_int("scheduling.max_gpus", self.max_gpus)
+        deadline = self.deadline_s
+        if deadline is not None and (
+            isinstance(deadline, bool) or not isinstance(deadline, (int, float)) or not 0 < deadline < 1e9
+        ):
+            raise ValueError(f"scheduling.deadline_s must be a number of seconds in (0, 1e9), got {deadline!r}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobSpec:
+    """A training job as a user submits it: no hardware named. ``pinned`` lists the parallel fields the
+    user fixed; the planner searches the others."""
+
+    name: str
+    model: ModelArch
+    training: TrainingConfig
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    pinned: frozenset[str] = frozenset()
+    scheduling: SchedulingConfig = field(default_factory=SchedulingConfig)
+
+    def to_mapping(self) -> dict[str, Any]:
+        """The contract-1 mapping of this spec (:func:`parse_job` reads it back to an equal spec)."""
+        data: dict[str, Any] = {
+            "name": self.name,
+            "model": {k: v for k, v in self.model.to_dict().items() if v is not None},
+            "training": asdict(self.training),
+        }
+        if self.pinned:
+            data["parallel"] = {k: getattr(self.parallel, k) for k in sorted(self.pinned)}
+        if self.scheduling != SchedulingConfig():
+            data["scheduling"] = {k: v for k, v in asdict(self.scheduling).items() if v is not None}
+        return data
+
+    def with_parallel(self, parallel: ParallelConfig, micro_batch_size: int | None = None) -> JobSpec:
+        training = self.training
+        if micro_batch_size is not None:
+            training = replace(training, micro_batch_size=micro_batch_size)
+        return replace(self, parallel=parallel, training=training)
+
+
+def check_parallel(model: ModelArch, training: TrainingConfig, parallel: ParallelConfig) -> None:
+    """``ValueError`` naming the field for a parallel config the runtimes refuse (Megatron-LM's argument
+    checks, ``megatron/training/arguments.py``, and torchtitan's ``ParallelDims``): tp divides the attention
+    heads, the kv heads and the (expert) ffn width; ep divides the experts; cp splits the sequence into
+    ``2 cp`` equal chunks (load-balanced ring attention); pp x vpp <= layers; dp x micro-batch divides the
+    global batch; interleaving needs a micro-batch count divisible by pp; the ZeRO stage exists for the
+    runtime. The planner applies the same rules to the values it searches."""
+    tp, arch = parallel.tp, model
+    for what, size in (
+        ("num_attention_heads", arch.num_attention_heads),
+        ("num_kv_heads", arch.num_kv_heads),
+        ("moe_ffn_hidden_size" if arch.is_moe else "ffn_hidden_size", arch.expert_ffn_size),
+    ):
+        if size % tp:
+            raise ValueError(f"parallel.tp ({tp}) must divide model.{what} ({size})")
+    if parallel.ep > 1 and not arch.is_moe:
+        raise ValueError(f"parallel.ep ({parallel.ep}) needs a mixture-of-experts model (model.num_experts > 1)")
+    if parallel.ep > 1 and arch.num_experts % parallel.ep:
+        raise ValueError(f"parallel.ep ({parallel.ep}) must divide model.num_experts ({arch.num_experts})")
+    if parallel.cp > 1 and training.seq_len % (2 * parallel.cp):
+        raise ValueError(
+            f"parallel.cp ({parallel.cp}) must split training.seq_len ({training.seq_len}) into 2 x cp equal chunks"
+        )
+    if parallel.pp * parallel.vpp > arch.num_layers:
+        raise ValueError(
+            f"parallel.pp x parallel.vpp ({parallel.pp * parallel.vpp}) must be <= model.num_layers ({arch.num_layers})"
+        )
+    per_step = parallel.dp * training.micro_batch_size
+    if training.global_batch_size % per_step:
+        raise ValueError(
+            f"parallel.dp ({parallel.dp}) x training.micro_batch_size ({training.micro_batch_size}) must divide "
+            f"training.global_batch_size ({training.global_batch_size})"
+        )
+    if parallel.vpp > 1 and (training.global_batch_size // per_step) % parallel.pp:
+        raise ValueError(
+            f"parallel.vpp > 1 needs the micro-batch count per step ({training.global_batch_size // per_step}) "
+            f"to be a multiple of parallel.pp ({parallel.pp})"
+        )
+    allowed = ZERO_STAGES_BY_RUNTIME[training.runtime]
+    if parallel.zero_stage not in allowed:
+        raise ValueError(
+            f"parallel.zero_stage {parallel.zero_stage} is not available with training.runtime "
+            f"{training.runtime}; allowed: {', '.join(map(str, allowed))}"
+        )
+
+
+def default_zero_stage(runtime: str, dp: int) -> int:
+    """The ZeRO stage a runtime uses unless told otherwise: FSDP2 fully shards (3); Megatron's
+    distributed optimizer and DeepSpeed's stage 1 shard optimizer states when data parallel; HF DDP none."""
+    if runtime == "fsdp2":
+        return 3
+    if runtime == "hf":
+        return 0
+    return 1 if dp > 1 else 0
+
+
+def check_headroom(name: str, value: object) -> None:
+    """A headroom is None or a fraction of GPU memory in [0, 0.9]."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0.0 <= value <= 0.9:
+        raise ValueError(f"{name} must be a fraction of GPU memory in [0, 0.9] or null, got {value!r}")
+
+
+def _check_positive_int(name: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _check_choice(name: str, value: object, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {value!r}")
+
+
+def _section(data: dict[str, Any], key: str, cls: type) -> dict[str, Any]:
+    section = data.get(key) or {}
+    if not isinstance(section, dict):
+        raise ValueError(f"{key} must be a mapping, got {section!r}")
+    allowed = {f.name for f in fields(cls)}
+    unknown = sorted(set(section) - allowed)
+    if unknown:
+        raise ValueError(f"{key}: unknown field(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
+    return {k: v.lower() if isinstance(v, str) else v for k, v in section.items()}
+
+
+def parse_job(data: dict[str, Any]) -> JobSpec:
+    """A :class:`JobSpec` from a contract-1 mapping (already loaded from YAML or JSON)."""
+    if not isinstance(data, dict):
+        raise ValueError("job spec must be a mapping with keys name, model, training, parallel")
+    allowed_top = {"name", "model", "training", "parallel", "scheduling", "id", "arrival_s", "weight"}
+    unknown = sorted(set(data) - allowed_top)
+    if unknown:
+        raise ValueError(f"job spec: unknown field(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed_top))}")
+    if "model" not in data:
+        raise ValueError("model is required: a catalogue name or an inline architecture mapping")
+    model = parse_model(data["model"])
+    training = TrainingConfig(**_section(data, "training", TrainingConfig))
+    parallel_raw = _section(data, "parallel", ParallelConfig)
+    dp = parallel_raw.get("dp", 1)
+    defaults = {"zero_stage": default_zero_stage(training.runtime, dp if isinstance(dp, int) else 1)}
+    parallel = ParallelConfig(**{**defaults, **parallel_raw})
+    check_parallel(model, training, parallel)
+    name = str(data.get("name") or f"{model.name}-job")
+    scheduling = SchedulingConfig(**_section(data, "scheduling", SchedulingConfig))
+    return JobSpec(
+        name=name,
+        model=model,
+        training=training,
+        parallel=parallel,
+        pinned=frozenset(parallel_raw),
+        scheduling=scheduling,
+    )
+
+
+def load_mapping(path: str | Path) -> dict[str, Any]:
+    """Read a YAML or JSON file into a mapping, with a clear error for a missing or malformed file."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as err:
+        raise ValueError(f"cannot read {path}: {err.strerror}") from None
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as err:
+        raise ValueError(f"{path} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {err}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} must hold a mapping at the top level")
+    return data
+
+
+def load_job(path: str | Path) -> JobSpec:
+    return parse_job(load_mapping(path))

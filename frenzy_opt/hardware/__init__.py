@@ -1,0 +1,1 @@
+"""Hardware: the GPU catalogue, cluster specs (contract 2) and the topology graph."""

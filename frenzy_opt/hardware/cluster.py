@@ -1,0 +1,154 @@
+"""Cluster files (contract 2): node groups of one GPU type each, and the inter-node network.
+
+The network is described per node: ``network.nics_per_node`` NICs of ``network.nic_gbps`` Gbit/s each (a
+DGX H100 has eight 400 Gbit/s ConnectX-7 compute NICs, NVIDIA DGX H100 user guide; a DGX A100 eight 200 Gbit/s
+HDR ones, DGX A100 user guide). The older ``network.inter_node_gbps`` (Gbit/s per node, all NICs together) is
+still accepted and means one NIC of that speed. A node group may override both, and may state
+``nvlink_domain``: how many GPUs share one NVLink fabric (default: one node; 72 for a GB200 NVL72 rack, NVIDIA
+GB200 NVL72 product page), so collectives inside the domain never touch the NICs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from frenzy_opt.core.spec import load_mapping
+from frenzy_opt.hardware.gpus import GpuType, lookup_gpu
+
+INTRA_NODE_KINDS = ("nvlink", "pcie")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeGroup:
+    gpu: GpuType
+    num_nodes: int
+    gpus_per_node: int
+    intra_node: str
+    nics_per_node: int = 1
+    nic_gbps: float = 100.0
+    """Gbit/s per NIC, per direction."""
+    nvlink_domain: int = 0
+    """GPUs of one NVLink fabric (0: one node's GPUs)."""
+
+    @property
+    def inter_node_gbps(self) -> float:
+        """All NICs of one node together, Gbit/s per direction."""
+        return self.nics_per_node * self.nic_gbps
+
+    @property
+    def domain_gpus(self) -> int:
+        return max(self.nvlink_domain, self.gpus_per_node)
+
+    @property
+    def num_gpus(self) -> int:
+        return self.num_nodes * self.gpus_per_node
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ClusterSpec:
+    name: str
+    node_groups: tuple[NodeGroup, ...]
+    inter_node_gbps: float
+
+    @property
+    def num_gpus(self) -> int:
+        return sum(g.num_gpus for g in self.node_groups)
+
+    def gpu_types(self) -> list[GpuType]:
+        """Distinct GPU types, in file order."""
+        seen: dict[str, GpuType] = {}
+        for group in self.node_groups:
+            seen.setdefault(group.gpu.name, group.gpu)
+        return list(seen.values())
+
+    def num_gpus_of(self, gpu_name: str) -> int:
+        return sum(g.num_gpus for g in self.node_groups if g.gpu.name == gpu_name)
+
+    def gpus_per_node_of(self, gpu_name: str) -> int:
+        """The largest node size of that type (tensor-parallel groups must fit in one node)."""
+        return max((g.gpus_per_node for g in self.node_groups if g.gpu.name == gpu_name), default=0)
+
+
+def _positive(name: str, value: object) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def _positive_number(name: str, value: object) -> float:
+    if not isinstance(value, int | float) or isinstance(value, bool) or not value > 0 or value == float("inf"):
+        raise ValueError(f"{name} must be a positive number, got {value!r}")
+    return float(value)
+
+
+NETWORK_FIELDS = ("inter_node_gbps", "nics_per_node", "nic_gbps")
+
+
+def _network(raw: dict[str, Any], where: str, default: tuple[int, float]) -> tuple[int, float]:
+    """(NICs per node, Gbit/s per NIC) from a mapping with ``nics_per_node``/``nic_gbps`` or the older
+    ``inter_node_gbps`` (one NIC of that speed); ``default`` when it states neither."""
+    if "inter_node_gbps" in raw and ("nic_gbps" in raw or "nics_per_node" in raw):
+        raise ValueError(f"{where}: give either inter_node_gbps or nics_per_node and nic_gbps, not both")
+    if "inter_node_gbps" in raw:
+        return 1, _positive_number(f"{where}.inter_node_gbps", raw["inter_node_gbps"])
+    nics = _positive(f"{where}.nics_per_node", raw.get("nics_per_node", default[0]))
+    gbps = _positive_number(f"{where}.nic_gbps", raw.get("nic_gbps", default[1]))
+    return nics, gbps
+
+
+def parse_cluster(data: dict[str, Any]) -> ClusterSpec:
+    """A :class:`ClusterSpec` from a contract-2 mapping; errors name the field."""
+    network = data.get("network") or {}
+    if not isinstance(network, dict):
+        raise ValueError("network must be a mapping like {nics_per_node: 8, nic_gbps: 400} or {inter_node_gbps: 100}")
+    unknown = sorted(set(network) - set(NETWORK_FIELDS))
+    if unknown:
+        raise ValueError(f"network: unknown field(s) {', '.join(unknown)}; allowed: {', '.join(NETWORK_FIELDS)}")
+    default_network = _network(network, "network", (1, 100.0))
+    groups_raw = data.get("node_groups")
+    if not isinstance(groups_raw, list) or not groups_raw:
+        raise ValueError("node_groups must be a non-empty list of {gpu, num_nodes, gpus_per_node, intra_node}")
+    groups = []
+    for i, raw in enumerate(groups_raw):
+        where = f"node_groups[{i}]"
+        if not isinstance(raw, dict) or "gpu" not in raw:
+            raise ValueError(f"{where} must be a mapping with at least a gpu field")
+        allowed = {"gpu", "num_nodes", "gpus_per_node", "intra_node", "nvlink_domain", *NETWORK_FIELDS}
+        unknown = sorted(set(raw) - allowed)
+        if unknown:
+            raise ValueError(f"{where}: unknown field(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
+        try:
+            gpu = lookup_gpu(raw["gpu"])
+        except ValueError as err:
+            raise ValueError(f"{where}.{err}") from None
+        intra = str(raw.get("intra_node", gpu.intra_node)).lower()
+        if intra not in INTRA_NODE_KINDS:
+            raise ValueError(f"{where}.intra_node must be one of {', '.join(INTRA_NODE_KINDS)}, got {intra!r}")
+        nics, nic_gbps = _network(raw, where, default_network) if set(raw) & set(NETWORK_FIELDS) else default_network
+        per_node = _positive(f"{where}.gpus_per_node", raw.get("gpus_per_node", 8))
+        domain = _positive(f"{where}.nvlink_domain", raw.get("nvlink_domain", per_node))
+        if domain % per_node:
+            raise ValueError(f"{where}.nvlink_domain ({domain}) must be a multiple of gpus_per_node ({per_node})")
+        if domain > per_node and intra != "nvlink":
+            raise ValueError(f"{where}.nvlink_domain above one node needs intra_node nvlink, got {intra!r}")
+        groups.append(
+            NodeGroup(
+                gpu=gpu,
+                num_nodes=_positive(f"{where}.num_nodes", raw.get("num_nodes", 1)),
+                gpus_per_node=per_node,
+                intra_node=intra,
+                nics_per_node=nics,
+                nic_gbps=nic_gbps,
+                nvlink_domain=domain,
+            )
+        )
+    nics, nic_gbps = default_network
+    return ClusterSpec(
+        name=str(data.get("name") or "cluster"), node_groups=tuple(groups), inter_node_gbps=nics * nic_gbps
+    )
+
+
+def load_cluster(path: str | Path) -> ClusterSpec:
+    return parse_cluster(load_mapping(path))

@@ -1,0 +1,191 @@
+"""Cluster topology: a networkx graph of nodes, GPUs and links built from a cluster file (contract 2).
+
+Graph vertices: ``("gpu", node, k)`` for GPU ``k`` of node ``node``, ``("node", node)`` for each server's
+internal switch (NVLink/NVSwitch or the PCIe root complex) and ``("network",)`` for the inter-node fabric.
+Edges carry ``gbs``, the bandwidth per direction in GB/s: GPU–node edges the GPU's intra-node link (half the
+bidirectional figure its spec sheet states), node–network edges the node's NICs together (``nics_per_node x
+nic_gbps / 8``, with ``nics`` and ``nic_gbs`` on the edge). A node vertex carries ``nvlink_domain``, the GPUs
+its NVLink fabric reaches (a node, or a GB200 NVL72 rack). :func:`links_for` reads the links a GPU type's
+plans see from this graph; it is the one place the step-time model gets its bandwidths.
+
+The scheduler's placement rules live here too, shared by every solver so their schedules compare: a plan of
+``n <= gpus_per_node`` GPUs runs inside one node (tensor-parallel groups never cross nodes); a larger plan
+takes ``n / gpus_per_node`` whole nodes of its GPU type (data-parallel and pipeline groups on the fewest
+nodes).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import networkx as nx
+
+from frenzy_opt.hardware.cluster import ClusterSpec
+from frenzy_opt.hardware.gpus import GpuType
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Node:
+    """One server: ``num_gpus`` GPUs of one type."""
+
+    index: int
+    name: str
+    gpu: GpuType
+    num_gpus: int
+    intra_node: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Links:
+    """The links of one GPU type's nodes, in GB/s per direction, before ``link_efficiency``."""
+
+    intra_node_gbs: float
+    """GPU to GPU inside a node or NVLink domain (NVLink or PCIe), per GPU."""
+    nic_gbs: float = 0.0
+    """All NICs of one node together (0: a single node, nothing crosses a network)."""
+    gpus_per_node: int = 8
+    nvlink_domain: int = 0
+    """GPUs sharing one NVLink fabric (0: one node)."""
+
+    @property
+    def domain(self) -> int:
+        return max(self.nvlink_domain, self.gpus_per_node)
+
+    @staticmethod
+    def for_gpu(
+        gpu: GpuType,
+        *,
+        inter_node_gbps: float | None = None,
+        gpus_per_node: int = 8,
+        intra_node: str | None = None,
+        nvlink_domain: int = 0,
+    ) -> Links:
+        """Links of ``gpu``'s nodes: ``inter_node_gbps`` is Gbit/s per node (all NICs; None: one node only);
+        ``intra_node="pcie"`` overrides an NVLink part's default (a PCIe-only server)."""
+        spec = gpu.pcie_gbps if intra_node == "pcie" else gpu.intra_node_gbps
+        return Links(
+            intra_node_gbs=spec / 2,
+            nic_gbs=(inter_node_gbps or 0.0) / 8,
+            gpus_per_node=gpus_per_node,
+            nvlink_domain=nvlink_domain,
+        )
+
+
+class Topology:
+    """Nodes and links of a cluster, with the queries the solvers need."""
+
+    def __init__(self, cluster: ClusterSpec) -> None:
+        self.cluster = cluster
+        self.nodes: list[Node] = []
+        self.graph = nx.Graph()
+        self.graph.add_node(("network",), kind="network")
+        for group_index, group in enumerate(cluster.node_groups):
+            intra_gbs = (group.gpu.pcie_gbps if group.intra_node == "pcie" else group.gpu.intra_node_gbps) / 2
+            for i in range(group.num_nodes):
+                node = Node(
+                    index=len(self.nodes),
+                    name=f"{group.gpu.name}-g{group_index}-n{i}",
+                    gpu=group.gpu,
+                    num_gpus=group.gpus_per_node,
+                    intra_node=group.intra_node,
+                )
+                self.nodes.append(node)
+                self.graph.add_node(
+                    ("node", node.index), kind="node", gpu_type=node.gpu.name, nvlink_domain=group.domain_gpus
+                )
+                self.graph.add_edge(
+                    ("node", node.index),
+                    ("network",),
+                    gbs=group.inter_node_gbps / 8,
+                    nics=group.nics_per_node,
+                    nic_gbs=group.nic_gbps / 8,
+                )
+                for k in range(node.num_gpus):
+                    self.graph.add_node(("gpu", node.index, k), kind="gpu", gpu_type=node.gpu.name)
+                    self.graph.add_edge(("gpu", node.index, k), ("node", node.index), gbs=intra_gbs)
+        self._by_type: dict[str, list[int]] = {}
+        for node in self.nodes:
+            self._by_type.setdefault(node.gpu.name, []).append(node.index)
+
+    @property
+    def gpu_types(self) -> list[str]:
+        return list(self._by_type)
+
+    def nodes_of(self, gpu_type: str) -> list[int]:
+        """Node indices of one GPU type."""
+        return self._by_type.get(gpu_type, [])
+
+    def num_gpus_of(self, gpu_type: str) -> int:
+        return sum(self.nodes[i].num_gpus for i in self.nodes_of(gpu_type))
+
+    def free_gpus(self, used: dict[int, int]) -> dict[str, dict[int, int]]:
+        """Free GPUs per type and node, given the GPUs ``used`` per node."""
+        return {
+            gpu_type: {i: self.nodes[i].num_gpus - used.get(i, 0) for i in indices}
+            for gpu_type, indices in self._by_type.items()
+        }
+
+    def nodes_needed(self, gpu_type: str, num_gpus: int) -> int:
+        """Whole nodes a plan of ``num_gpus`` takes (0: it fits inside one node), or -1 if the placement rule
+        admits it nowhere (more than one node's worth but not a whole number of nodes)."""
+        size = max((self.nodes[i].num_gpus for i in self.nodes_of(gpu_type)), default=0)
+        if num_gpus <= size:
+            return 0
+        if num_gpus % size or num_gpus // size > len(self.nodes_of(gpu_type)):
+            return -1
+        return num_gpus // size
+
+    def best_nodes(self, gpu_type: str, num_gpus: int, free: dict[int, int]) -> list[int] | None:
+        """The nodes a plan of ``num_gpus`` GPUs should take now, or None if it cannot start.
+
+        Inside one node: best fit, the node with the fewest free GPUs that still fit (keeps large blocks
+        free). Across nodes: the required number of wholly free nodes, lowest index first.
+        """
+        whole = self.nodes_needed(gpu_type, num_gpus)
+        if whole < 0:
+            return None
+        if whole == 0:
+            fitting = [(left, i) for i, left in free.items() if left >= num_gpus and self.nodes[i].num_gpus >= num_gpus]
+            return [min(fitting)[1]] if fitting else None
+        empty = [i for i, left in free.items() if left == self.nodes[i].num_gpus]
+        return sorted(empty)[:whole] if len(empty) >= whole else None
+
+    def slowest_link_gbs(self, nodes: list[int]) -> float:
+        """The slowest link (GB/s per direction) on the paths between the GPUs of a placement."""
+        if len(set(nodes)) <= 1:
+            node = nodes[0]
+            return float(self.graph.edges[("gpu", node, 0), ("node", node)]["gbs"])
+        return float(
+            min(
+                min(
+                    self.graph.edges[("gpu", n, 0), ("node", n)]["gbs"],
+                    self.graph.edges[("node", n), ("network",)]["gbs"],
+                )
+                for n in nodes
+            )
+        )
+
+    def links(self, gpu_type: str) -> Links:
+        """The links a plan on ``gpu_type`` sees, read from the graph (the type's largest node)."""
+        indices = self.nodes_of(gpu_type)
+        if not indices:
+            raise KeyError(f"no node of GPU type {gpu_type} in cluster {self.cluster.name}")
+        node = max(indices, key=lambda i: self.nodes[i].num_gpus)
+        return Links(
+            intra_node_gbs=float(self.graph.edges[("gpu", node, 0), ("node", node)]["gbs"]),
+            nic_gbs=float(self.graph.edges[("node", node), ("network",)]["gbs"]),
+            gpus_per_node=self.nodes[node].num_gpus,
+            nvlink_domain=int(self.graph.nodes[("node", node)]["nvlink_domain"]),
+        )
+
+
+@functools.lru_cache(maxsize=64)
+def topology_of(cluster: ClusterSpec) -> Topology:
+    """One :class:`Topology` per cluster spec (specs are immutable)."""
+    return Topology(cluster)
+
+
+def links_for(cluster: ClusterSpec, gpu_type: str) -> Links:
+    """The links of ``gpu_type``'s nodes in ``cluster`` (:meth:`Topology.links`)."""
+    return topology_of(cluster).links(gpu_type)

@@ -1,0 +1,1 @@
+"""Launch: executors (local torchrun, Ray, simulated), the launcher and the training worker."""

@@ -1,0 +1,100 @@
+"""The executor protocol: how the orchestrator hands a placement to something that runs it.
+
+An executor starts one attempt of a job on the GPUs of its placement (:meth:`Executor.launch`), reports its
+end through the ``on_exit`` callback (from any thread), stops it on request (:meth:`Executor.cancel`) and
+says which jobs it is still running (:meth:`Executor.running`) so that the orchestrator can reconcile after
+a restart. Executors: ``simulated`` (:mod:`frenzy_opt.launch.executors.simulated`, time scaled, the embedded
+default), ``local`` (:mod:`frenzy_opt.launch.executors.local`, torchrun processes running
+:mod:`frenzy_opt.launch.train`) and ``ray`` (:mod:`frenzy_opt.launch.executors.ray`, a placement group and one actor per
+rank; ``RAY_ADDRESS`` names the cluster). Optional methods: ``supports(plan, arch)`` (the planner then
+offers only plans the executor can run) and ``adopt(job_id, attempt, on_exit)`` (take over a run that survived
+a restart).
+
+Recovery contract (the orchestrator's ``recover()``): after a restart it calls :meth:`Executor.running` and,
+for every active job in it, ``adopt(job_id, attempt, on_exit)``; any other active job is retried as lost.
+So ``running()`` lists the jobs whose processes are alive *and* those that finished while the service was
+down (the local executor: a report ending with the worker's ``end`` record, whatever the exit). ``adopt``
+registers the run as if this executor had launched it — its devices are taken and :meth:`Executor.cancel`
+and :meth:`Executor.shutdown` stop it — and reports its end through ``on_exit`` (from any thread; at once for
+a run that already ended): ``ok=True`` with the measured summary when the run's own record says it
+completed, else ``ok=False`` with the cause.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from frenzy_opt.core.spec import JobSpec
+from frenzy_opt.planning.problem import Option
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Launch:
+    """One attempt of a job on its placement."""
+
+    job_id: str
+    attempt: int
+    spec: JobSpec
+    option: Option
+    """The plan chosen (GPU type, count, parallel config, predicted memory and step time)."""
+    nodes: tuple[str, ...]
+    """Node names, one per node the placement takes."""
+    gpus_per_node: int
+    duration_s: float
+    """Predicted run time in cluster seconds."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExitInfo:
+    ok: bool
+    cause: str = ""
+    measured: dict[str, Any] = field(default_factory=dict)
+    """What the run measured (per-rank peak memory, step time), when it knows."""
+
+
+OnExit = Callable[[str, int, ExitInfo], None]
+OnReport = Callable[[str, int, dict[str, Any]], None]
+"""A worker report of a running attempt (one JSON object per step, see :mod:`frenzy_opt.launch.train`)."""
+
+
+class Executor(Protocol):
+    name: str
+
+    def launch(self, launch: Launch, on_exit: OnExit, on_report: OnReport | None = None) -> None: ...
+
+    def cancel(self, job_id: str) -> None: ...
+
+    def running(self) -> set[str]: ...
+
+    def shutdown(self) -> None: ...
+
+
+EXECUTORS = ("simulated", "local", "ray")
+
+
+def make_executor(
+    name: str,
+    *,
+    time_scale: float = 1.0,
+    fail_rate: float = 0.0,
+    seed: int = 0,
+    workdir: str | None = None,
+    max_steps: int | None = None,
+) -> Executor:
+    """An executor by name; ``ValueError`` names the allowed ones and says which are not built yet."""
+    if name == "simulated":
+        from frenzy_opt.launch.executors.simulated import SimulatedExecutor
+
+        return SimulatedExecutor(time_scale=time_scale, fail_rate=fail_rate, seed=seed)
+    if name == "local":
+        from frenzy_opt.launch.executors.local import LocalExecutor
+
+        return LocalExecutor(workdir or "frenzy-runs", max_steps=max_steps)
+    if name == "ray":
+        from frenzy_opt.launch.executors.ray import RayExecutor
+
+        return RayExecutor(workdir or "frenzy-runs", address=os.environ.get("RAY_ADDRESS"), max_steps=max_steps)
+    raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {name!r}")

@@ -1,0 +1,1 @@
+"""Planning: a job's memory-feasible plans, the scheduling problem, scenarios, workloads and exports."""

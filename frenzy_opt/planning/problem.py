@@ -1,0 +1,326 @@
+"""The scheduling problem every solver gets: jobs with arrivals, weights and candidate plans, the cluster's
+topology, its current occupancy; and the schedule a solver returns, with its checks and metrics.
+
+A job's candidate plans (:class:`Option`) come from :func:`frenzy_opt.planning.plans.enumerate_plans`: per GPU type,
+the Pareto front of GPU count against predicted runtime among the plans the placement rule admits
+(:meth:`frenzy_opt.hardware.topology.Topology.nodes_needed`), at most ``max_options_per_type`` of them spread from
+the fewest GPUs to the fastest. Durations are the plans' ``est_runtime_s`` rounded up to whole seconds and
+arrivals are rounded up to whole seconds too, so the exact solvers' integer time is the problem's own.
+
+JCT of a job = end - arrival; the objective = sum of weight x JCT (contract 3).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict, defaultdict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+
+from frenzy_opt.core.spec import JobSpec
+from frenzy_opt.hardware.cluster import ClusterSpec
+from frenzy_opt.hardware.topology import Topology
+from frenzy_opt.planning.plans import DEFAULT_STEP_MODEL, Plan, enumerate_plans
+from frenzy_opt.planning.scenario import Scenario
+from frenzy_opt.prediction.steptime import StepTimeModel
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Option:
+    """One way to run a job: a plan, its placement shape and its duration."""
+
+    gpu_type: str
+    num_gpus: int
+    whole_nodes: int
+    """0: inside one node; k > 0: k whole nodes."""
+    duration_s: float
+    plan: Plan
+
+    @property
+    def gpus_per_node(self) -> int:
+        """GPUs the option holds on each node it is placed on."""
+        return self.num_gpus if self.whole_nodes == 0 else self.num_gpus // self.whole_nodes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProblemJob:
+    id: str
+    arrival_s: float
+    weight: float
+    options: tuple[Option, ...]
+    priority: int = 0
+    """Higher first: the HAS serves every queued job of a higher priority class before any of a lower one,
+    and preempts only jobs of a lower or equal class (``scheduling.priority`` of the job spec)."""
+    deadline_s: float | None = None
+    """When the job should end (absolute seconds, same clock as ``arrival_s``); None: no deadline."""
+    restart_s: float = 0.0
+    """What a stop and restart costs the job (checkpoint reload, process-group rebuild): the HAS preempts or
+    resizes a running job only when the gain exceeds it."""
+
+    @property
+    def fastest_s(self) -> float:
+        return min(o.duration_s for o in self.options)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Busy:
+    """GPUs already held on a node until a time (the current occupancy)."""
+
+    node: int
+    num_gpus: int
+    until_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SchedulingProblem:
+    topology: Topology
+    jobs: tuple[ProblemJob, ...]
+    busy: tuple[Busy, ...] = ()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Assignment:
+    job: str
+    option: Option
+    nodes: tuple[int, ...]
+    start_s: float
+    end_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Schedule:
+    """A solver's answer. ``bound`` is a proven lower bound on ``objective`` where the solver proves one."""
+
+    solver: str
+    status: str
+    assignments: tuple[Assignment, ...]
+    solve_time_s: float
+    bound: float | None = None
+
+
+def best_per_count(plans: list[Plan], topology: Topology, *, round_up: bool = True) -> dict[tuple[str, int], Option]:
+    """The fastest plan for every (GPU type, GPU count) the placement rule admits, as options."""
+    best: dict[tuple[str, int], Plan] = {}
+    for plan in plans:
+        if plan.est_runtime_s is None or topology.nodes_needed(plan.gpu_type, plan.num_gpus) < 0:
+            continue
+        key = (plan.gpu_type, plan.num_gpus)
+        if key not in best or plan.est_runtime_s < (best[key].est_runtime_s or 0.0):
+            best[key] = plan
+    return {
+        key: Option(
+            gpu_type=plan.gpu_type,
+            num_gpus=plan.num_gpus,
+            whole_nodes=topology.nodes_needed(plan.gpu_type, plan.num_gpus),
+            duration_s=float(math.ceil(plan.est_runtime_s or 0.0)) if round_up else plan.est_runtime_s or 0.0,
+            plan=plan,
+        )
+        for key, plan in sorted(best.items())
+    }
+
+
+def pareto_options(per_count: dict[tuple[str, int], Option], max_options_per_type: int = 4) -> tuple[Option, ...]:
+    """Per GPU type the options that beat every option with fewer GPUs, thinned to at most
+    ``max_options_per_type`` spread from the fewest GPUs to the fastest (module docstring)."""
+    by_type: dict[str, list[Option]] = defaultdict(list)
+    for (gpu_type, _), option in sorted(per_count.items()):
+        front = by_type[gpu_type]
+        if not front or option.duration_s < front[-1].duration_s:
+            front.append(option)
+    return thin_fronts(by_type.values(), max_options_per_type)
+
+
+def thin_fronts(fronts: Iterable[list[Option]], max_options_per_type: int) -> tuple[Option, ...]:
+    """Each per-type front (ordered from the fewest GPUs to the fastest) cut to at most
+    ``max_options_per_type`` options spread evenly along it, both ends kept; all fronts concatenated."""
+    options: list[Option] = []
+    for front in fronts:
+        if len(front) > max_options_per_type:
+            step = (len(front) - 1) / (max_options_per_type - 1)
+            front = [front[round(i * step)] for i in range(max_options_per_type)]
+        options += front
+    return tuple(options)
+
+
+def options_for(
+    plans: list[Plan], topology: Topology, max_options_per_type: int = 4, *, round_up: bool = True
+) -> tuple[Option, ...]:
+    """The candidate :class:`Option` set of one job (module docstring); ``round_up=False`` keeps the
+    plans' exact runtimes (for :class:`OptionCache`, which rounds after rescaling)."""
+    return pareto_options(best_per_count(plans, topology, round_up=round_up), max_options_per_type)
+
+
+class OptionCache:
+    """Candidate options per job, computed once per distinct job shape.
+
+    A plan's runtime is its step time x ``train_steps`` (:func:`frenzy_opt.planning.plans.enumerate_plans`) and
+    the Pareto front and its thinning only compare runtimes of one job, so they do not depend on the step
+    count: jobs that differ only in name and steps share one plan search, and each gets the shared options
+    with durations rescaled. Workloads of tens of thousands of jobs built from a few dozen model/config
+    templates need a few dozen searches, not one per job.
+    """
+
+    def __init__(
+        self,
+        cluster: ClusterSpec,
+        topology: Topology,
+        max_options_per_type: int = 4,
+        plan_filter: Callable[[Plan, JobSpec], bool] | None = None,
+        step_model: StepTimeModel = DEFAULT_STEP_MODEL,
+        max_searches: int = 4096,
+    ) -> None:
+        self.cluster = cluster
+        self.topology = topology
+        self.max_options_per_type = max_options_per_type
+        self.plan_filter = plan_filter
+        """Only plans it accepts become options (e.g. what an executor can run)."""
+        self.step_model = step_model
+        self.max_searches = max_searches
+        """Searches kept (least recently used dropped first): about 30 kB each on a 2,048-GPU cluster, so the
+        default bounds the cache near 100 MB however many distinct jobs a service sees."""
+        self._searches: OrderedDict[tuple[object, ...], tuple[dict[tuple[str, int], Option], tuple[Option, ...]]] = (
+            OrderedDict()
+        )
+
+    def _search(self, spec: JobSpec) -> tuple[dict[tuple[str, int], Option], tuple[Option, ...]]:
+        t = spec.training
+        # Everything but the name and the step count (a tuple: cheaper to build than a new JobSpec).
+        key: tuple[object, ...] = (spec.model, spec.parallel, spec.pinned, t.seq_len, t.micro_batch_size)
+        key += (t.global_batch_size, t.precision, t.optimizer, t.runtime, spec.scheduling.max_gpus)
+        found = self._searches.get(key)
+        if found is not None:
+            self._searches.move_to_end(key)
+        else:
+            one_step = replace(spec, name="", training=replace(t, train_steps=1))
+            keep = self.plan_filter
+            # The filter runs inside the search, before its dominance rules prune (enumerate_plans).
+            accept = None if keep is None else (lambda plan: keep(plan, spec))
+            plans = enumerate_plans(one_step, self.cluster, step_model=self.step_model, plan_filter=accept).plans
+            per_count = best_per_count(plans, self.topology, round_up=False)
+            cap = spec.scheduling.max_gpus
+            if cap is not None:
+                per_count = {key: o for key, o in per_count.items() if o.num_gpus <= cap}
+            found = self._searches[key] = (per_count, pareto_options(per_count, self.max_options_per_type))
+            while len(self._searches) > self.max_searches:
+                self._searches.popitem(last=False)
+        return found
+
+    def per_step(self, spec: JobSpec) -> tuple[Option, ...]:
+        """The candidate options of ``spec`` for one training step (durations not rounded)."""
+        return self._search(spec)[1]
+
+    def per_count(self, spec: JobSpec) -> dict[tuple[str, int], Option]:
+        """The fastest one-step option of ``spec`` for every admissible (GPU type, GPU count); shared, do
+        not modify."""
+        return self._search(spec)[0]
+
+    def options(self, spec: JobSpec) -> tuple[Option, ...]:
+        """Options of ``spec`` with durations for its ``train_steps`` (whole seconds)."""
+        steps = spec.training.train_steps
+        return tuple(scale_option(o, steps) for o in self.per_step(spec))
+
+
+def scale_option(per_step: Option, steps: float) -> Option:
+    """The option of a one-step job stretched to ``steps`` steps (duration rounded up to whole seconds)."""
+    runtime = (per_step.plan.step_time_s or 0.0) * steps
+    return replace(
+        per_step,
+        duration_s=float(math.ceil(runtime)),
+        plan=replace(per_step.plan, est_runtime_s=runtime),
+    )
+
+
+def problem_job(job_id: str, arrival_s: float, weight: float, options: tuple[Option, ...], spec: JobSpec) -> ProblemJob:
+    """The scheduler's view of a submitted job: its options and the spec's ``scheduling`` section (the
+    deadline, relative to submission in the spec, becomes absolute)."""
+    deadline = spec.scheduling.deadline_s
+    return ProblemJob(
+        id=job_id,
+        arrival_s=arrival_s,
+        weight=weight,
+        options=options,
+        priority=spec.scheduling.priority,
+        deadline_s=None if deadline is None else arrival_s + deadline,
+    )
+
+
+def no_option_message(job_id: str, spec: JobSpec, cluster_name: str) -> str:
+    """Why a job has no option, naming ``scheduling.max_gpus`` when it is the cause."""
+    cap = spec.scheduling.max_gpus
+    extra = f" with at most scheduling.max_gpus={cap} GPUs" if cap is not None else ""
+    return f"job {job_id}: no memory-feasible plan{extra} fits the placement rules of {cluster_name}"
+
+
+def build_problem(
+    scenario: Scenario, *, max_options_per_type: int = 4, cache: OptionCache | None = None
+) -> SchedulingProblem:
+    """The problem of a scenario: every job's options on the scenario's cluster. ``ValueError`` names a job
+    that fits nowhere."""
+    if cache is None:
+        cache = OptionCache(scenario.cluster, Topology(scenario.cluster), max_options_per_type)
+    jobs = []
+    for job in scenario.jobs:
+        options = cache.options(job.spec)
+        if not options:
+            raise ValueError(no_option_message(job.id, job.spec, scenario.cluster.name))
+        jobs.append(problem_job(job.id, float(math.ceil(job.arrival_s)), job.weight, options, job.spec))
+    return SchedulingProblem(topology=cache.topology, jobs=tuple(jobs))
+
+
+# --- metrics and checks --------------------------------------------------------------------------------
+
+
+def objective(problem: SchedulingProblem, schedule: Schedule) -> float:
+    """Sum over jobs of weight x JCT."""
+    arrival = {j.id: (j.arrival_s, j.weight) for j in problem.jobs}
+    return sum(arrival[a.job][1] * (a.end_s - arrival[a.job][0]) for a in schedule.assignments)
+
+
+def avg_jct_s(problem: SchedulingProblem, schedule: Schedule) -> float:
+    arrival = {j.id: j.arrival_s for j in problem.jobs}
+    return sum(a.end_s - arrival[a.job] for a in schedule.assignments) / max(len(schedule.assignments), 1)
+
+
+def makespan_s(schedule: Schedule) -> float:
+    return max((a.end_s for a in schedule.assignments), default=0.0)
+
+
+def check_schedule(problem: SchedulingProblem, schedule: Schedule) -> list[str]:
+    """Every rule a schedule must keep; the list of violations (empty when valid): each job placed once
+    with one of its options, never before its arrival, on nodes of the option's GPU type following the
+    placement rule, and no node ever holding more GPUs than it has."""
+    errors: list[str] = []
+    jobs = {j.id: j for j in problem.jobs}
+    topology = problem.topology
+    seen = [a.job for a in schedule.assignments]
+    if sorted(seen) != sorted(jobs):
+        errors.append(f"jobs placed {sorted(seen)} != jobs {sorted(jobs)}")
+    events: dict[int, list[tuple[float, int]]] = defaultdict(list)
+    for busy in problem.busy:
+        events[busy.node] += [(0.0, busy.num_gpus), (busy.until_s, -busy.num_gpus)]
+    for a in schedule.assignments:
+        job = jobs.get(a.job)
+        if job is None:
+            continue
+        if a.option not in job.options:
+            errors.append(f"{a.job}: option not among its candidates")
+        if a.start_s < job.arrival_s - 1e-6:
+            errors.append(f"{a.job}: starts at {a.start_s} before its arrival {job.arrival_s}")
+        if abs(a.end_s - a.start_s - a.option.duration_s) > 1e-6 * max(1.0, a.option.duration_s):
+            errors.append(f"{a.job}: runs {a.end_s - a.start_s} s, its plan takes {a.option.duration_s} s")
+        if any(topology.nodes[n].gpu.name != a.option.gpu_type for n in a.nodes):
+            errors.append(f"{a.job}: placed on nodes of another GPU type")
+        expected = a.option.whole_nodes or 1
+        if len(set(a.nodes)) != expected:
+            errors.append(f"{a.job}: on {len(set(a.nodes))} nodes, its placement rule takes {expected}")
+        per_node = a.option.gpus_per_node
+        for n in set(a.nodes):
+            events[n] += [(a.start_s, per_node), (a.end_s, -per_node)]
+    for n, changes in events.items():
+        load = 0
+        for _, delta in sorted(changes, key=lambda e: (e[0], e[1])):  # releases before starts at equal times
+            load += delta
+            if load > topology.nodes[n].num_gpus:
+                errors.append(f"node {topology.nodes[n].name}: {load} GPUs in use of {topology.nodes[n].num_gpus}")
+                break
+    return errors

@@ -1,0 +1,1 @@
+"""Figures: Gantt charts of schedules and simulation plots."""

@@ -1,0 +1,1 @@
+"""Prediction: per-GPU memory (MARP), step time, calibration profiles and the closed loop."""

@@ -1,0 +1,73 @@
+"""The fitted memory parameters MARP ships with (``frenzy_opt/data/memory-fit.json``).
+
+``frenzy calibrate ../shared/calibration/memory-measured.csv --name memory`` refits them
+(:func:`frenzy_opt.validation.measured.fit`) from the calibration file's published measured runs and
+writes the file; :func:`load_fit` reads it. Without a shipped file the public defaults of
+:class:`frenzy_opt.prediction.marp.predictor.CudaTerms` apply and upper bounds equal the predictions.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+METRICS = ("max_allocated", "max_reserved", "device_used")
+FIT_PATH = Path(__file__).resolve().parents[2] / "data" / "memory-fit.json"
+PUBLIC_FRAGMENTATION = 0.05
+"""GMLake (Guo et al., ASPLOS 2024, Fig. 2) measures 5-30 % fragmentation in LLM training: the low end."""
+PUBLIC_CONTEXT_BYTES = 500 * 2**20
+"""CUDA context and kernel images (NVIDIA CUDA C++ Programming Guide, "Initialization"; typically 300-600
+MiB with the PyTorch kernels loaded)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryFit:
+    """Fitted parameters: the allocator's reserve over allocated (``fragmentation``), nvidia-smi's memory
+    beyond the allocator (``context_bytes`` per GPU architecture family, else ``default_context_bytes``),
+    the upper-bound ratio per metric (upper = prediction x ratio), and the extra headroom (fraction of GPU
+    memory) the planner keeps by default: the largest shortfall of a held-out row under its bound in the
+    leave-one-source-out cross-validation."""
+
+    fragmentation: float = PUBLIC_FRAGMENTATION
+    context_bytes: dict[str, int] = field(default_factory=dict)
+    default_context_bytes: int = PUBLIC_CONTEXT_BYTES
+    upper_ratio: dict[str, float] = field(default_factory=lambda: dict.fromkeys(METRICS, 1.0))
+    headroom_fraction: float = 0.0
+    rows: int = 0
+    source: str = "public defaults (no fit shipped)"
+
+    def context_of(self, family: str | None) -> int:
+        return self.context_bytes.get(family or "", self.default_context_bytes)
+
+    def ratio(self, metric: str) -> float:
+        return self.upper_ratio.get(metric, 1.0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> MemoryFit:
+        return cls(
+            fragmentation=float(data["fragmentation"]),
+            context_bytes={k: int(v) for k, v in data.get("context_bytes", {}).items()},
+            default_context_bytes=int(data["default_context_bytes"]),
+            upper_ratio={k: float(v) for k, v in data["upper_ratio"].items()},
+            headroom_fraction=float(data.get("headroom_fraction", 0.0)),
+            rows=int(data.get("rows", 0)),
+            source=str(data.get("source", "")),
+        )
+
+
+def load_fit(path: Path = FIT_PATH) -> MemoryFit:
+    """The shipped fit, or the public defaults when no file is shipped."""
+    if not path.exists():
+        return MemoryFit()
+    try:
+        return MemoryFit.from_dict(json.loads(path.read_text(encoding="utf-8")))
+    except (KeyError, ValueError, TypeError) as err:
+        raise ValueError(f"{path}: not a memory fit ({err}); refit it with frenzy calibrate") from None
+
+
+SHIPPED_FIT = load_fit()

@@ -1,0 +1,468 @@
+"""MARP: per-stage peak memory of one training step, as named components and three totals.
+
+For each pipeline stage the step passes through three phases whose live memory we sum from named
+components (bytes, one rank):
+
+* ``loss_backward`` (last stage): model states + every in-flight micro-batch's activations + the loss's
+  kept tensors + the fp32 gradients of log-probabilities and logits;
+* ``block_backward``: model states + activations + the gradients alive inside one block's backward
+  (plus the block being recomputed under full recompute, gathered ZeRO-3/FSDP weights and gradients);
+* ``optimizer_step``: model states + the optimizer's temporaries.
+
+``peak_allocated_bytes`` is the largest phase (what ``torch.cuda.max_memory_allocated`` reports).
+``peak_reserved_bytes`` adds the caching allocator's fragmentation and ``device_used_bytes`` the CUDA
+context, the cuBLAS workspace and NCCL's buffers (what nvidia-smi shows); both CUDA-only terms can be
+switched off, as the CPU validation does.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+
+from frenzy_opt.core.spec import JobSpec, ParallelConfig, TrainingConfig
+from frenzy_opt.hardware.gpus import GpuType
+from frenzy_opt.models.arch import ModelArch, layer_weight_shapes, shard_param_counts
+from frenzy_opt.prediction.marp import activations as act
+from frenzy_opt.prediction.marp.fit import SHIPPED_FIT, MemoryFit
+from frenzy_opt.prediction.marp.layout import StateLayout, state_layout
+from frenzy_opt.prediction.marp.stages import chunk_layer_counts, in_flight_layer_microbatches
+
+MIB = 2**20
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CudaTerms:
+    """CUDA-only memory outside tensors. Defaults are public figures, calibratable from GPU runs."""
+
+    fragmentation: float = 0.05
+    """Reserved/allocated - 1. The caching allocator rounds blocks to 2 MiB and splits them (PyTorch docs,
+    "CUDA memory management"); GMLake (Guo et al., ASPLOS 2024, Fig. 2) measures 5-30 % fragmentation in LLM
+    training, the low end for static-shape training without offload."""
+    context_bytes: int = 500 * MIB
+    """CUDA context and kernel images, created at the first CUDA call (NVIDIA CUDA C++ Programming Guide,
+    "Initialization"; typically 300-600 MiB with the PyTorch kernels loaded)."""
+    cublas_workspace_bytes: int = 32 * MIB
+    """cuBLAS workspace: PyTorch's default ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` is 8 x 4 MiB (PyTorch docs,
+    "Reproducibility")."""
+    nccl_buffer_bytes: int = 4 * MIB
+    """``NCCL_BUFFSIZE`` default, one buffer per channel per peer direction (NCCL docs, environment vars)."""
+    nccl_channels: int = 16
+
+
+def cuda_terms_of(fit: MemoryFit, family: str | None = None) -> CudaTerms:
+    """The CUDA-only terms of a fit: its fragmentation, and its nvidia-smi excess as the context term (the
+    fit measures context, workspaces and NCCL buffers together). Public defaults when nothing was fitted."""
+    if not fit.rows:
+        return CudaTerms()
+    return CudaTerms(
+        fragmentation=fit.fragmentation,
+        context_bytes=fit.context_of(family),
+        cublas_workspace_bytes=0,
+        nccl_buffer_bytes=0,
+    )
+
+
+DEFAULT_CUDA = cuda_terms_of(SHIPPED_FIT)
+STATE_COMPONENTS = ("weights", "grads", "master_weights", "optimizer_states", "weight_cache")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StagePrediction:
+    stage: int
+    num_layers: int
+    num_params: int
+    peak_phase: str
+    breakdown: dict[str, int]
+    peak_allocated_bytes: int
+    peak_reserved_bytes: int
+    device_used_bytes: int
+    peak_allocated_upper_bytes: int = 0
+    peak_reserved_upper_bytes: int = 0
+    device_used_upper_bytes: int = 0
+    """Upper bounds: each total times the shipped fit's upper ratio (:mod:`frenzy_opt.prediction.marp.fit`), from the
+    leave-one-source-out validation on published measured runs (``frenzy validate memory``)."""
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "stage": self.stage,
+            "num_layers": self.num_layers,
+            "num_params": self.num_params,
+            "peak_phase": self.peak_phase,
+            "peak_allocated_bytes": self.peak_allocated_bytes,
+            "peak_reserved_bytes": self.peak_reserved_bytes,
+            "device_used_bytes": self.device_used_bytes,
+            "peak_allocated_upper_bytes": self.peak_allocated_upper_bytes,
+            "peak_reserved_upper_bytes": self.peak_reserved_upper_bytes,
+            "device_used_upper_bytes": self.device_used_upper_bytes,
+            "breakdown": dict(self.breakdown),
+        }
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MemoryPrediction:
+    stages: tuple[StagePrediction, ...]
+    capacity_bytes: int | None = None
+    gpu_type: str | None = None
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+
+    @property
+    def peak_allocated_bytes(self) -> int:
+        return max(s.peak_allocated_bytes for s in self.stages)
+
+    @property
+    def peak_reserved_bytes(self) -> int:
+        return max(s.peak_reserved_bytes for s in self.stages)
+
+    @property
+    def device_used_bytes(self) -> int:
+        return max(s.device_used_bytes for s in self.stages)
+
+    @property
+    def peak_allocated_upper_bytes(self) -> int:
+        return max(s.peak_allocated_upper_bytes for s in self.stages)
+
+    @property
+    def peak_reserved_upper_bytes(self) -> int:
+        return max(s.peak_reserved_upper_bytes for s in self.stages)
+
+    @property
+    def device_used_upper_bytes(self) -> int:
+        return max(s.device_used_upper_bytes for s in self.stages)
+
+    @property
+    def fits(self) -> bool | None:
+        """Whether every stage's nvidia-smi footprint fits the GPU (None without a GPU)."""
+        return None if self.capacity_bytes is None else self.device_used_bytes <= self.capacity_bytes
+
+    @property
+    def fits_upper(self) -> bool | None:
+        """Whether every stage's upper bound on the nvidia-smi footprint fits the GPU (the planner's test)."""
+        return None if self.capacity_bytes is None else self.device_used_upper_bytes <= self.capacity_bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParamTerms:
+    """Parameter counts one pipeline rank holds (after tp/ep partitioning)."""
+
+    params: int
+    embedding_params: int
+    output_params: int
+    """The output layer's weight on the last stage (``ceil(V / tp) x h``, tied or not: its weight gradient
+    is made there either way); 0 elsewhere."""
+    layer_params: int
+    expert_params: int
+    """The part of ``params`` in expert MLPs (sharded over dp x cp / ep by ZeRO/FSDP, see ``StageModel``)."""
+    largest_layer_param: int
+    adafactor_state_bytes: int
+    """fp32 bytes of Adafactor's factored second moments on this rank's blocks (Shazeer & Stern 2018,
+    Alg. 4: row and column factors per matrix, a full moment per vector)."""
+
+
+@functools.lru_cache(maxsize=65536)
+def param_terms(arch: ModelArch, tp: int, ep: int, pp: int, num_layers: int, first: bool, last: bool) -> ParamTerms:
+    counts = shard_param_counts(arch, tp=tp, ep=ep)
+    shapes = layer_weight_shapes(arch, tp=tp, ep=ep)
+    total = num_layers * counts.per_layer
+    embedding = counts.embedding if first else 0
+    total += embedding
+    if last:
+        # A tied output layer on another stage than the embedding is a separate copy (Megatron-LM keeps
+        # the word embeddings on the last stage and all-reduces their gradients with the first).
+        total += counts.final_norm + (counts.output if pp == 1 else counts.output_if_untied)
+    factored = sum(sum(shape) if len(shape) == 2 else shape[0] for shape in shapes)
+    return ParamTerms(
+        params=total,
+        embedding_params=embedding,
+        output_params=counts.output_if_untied if last else 0,
+        layer_params=counts.per_layer,
+        expert_params=num_layers * counts.expert_per_layer,
+        largest_layer_param=max(math.prod(shape) for shape in shapes),
+        adafactor_state_bytes=act.FP32 * num_layers * factored,
+    )
+
+
+def num_microbatches(training: TrainingConfig, parallel: ParallelConfig) -> int:
+    """Micro-batches per step on each data-parallel rank (gradient-accumulation steps)."""
+    return max(training.global_batch_size // (training.micro_batch_size * parallel.dp), 1)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Phase:
+    """One moment of the step that can hold the peak, beyond the model states and (if ``holds_activations``)
+    the in-flight activations: bytes of loss tensors, communication buffers and temporaries."""
+
+    name: str
+    holds_activations: bool
+    logits_and_loss: int
+    communication_buffers: int
+    temporaries: int
+
+    @property
+    def extra_bytes(self) -> int:
+        return self.logits_and_loss + self.communication_buffers + self.temporaries
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StageModel:
+    """Everything about one pipeline rank's memory that does not depend on dp, so that a plan search
+    evaluates many data-parallel degrees cheaply (:meth:`allocated_bytes`); :func:`predict_stage` builds
+    the named breakdown from the same :meth:`states`, :meth:`activations` and ``phases``."""
+
+    stage: int
+    pp: int
+    cp: int
+    ep: int
+    chunk_layers: tuple[int, ...]
+    has_embedding: bool
+    params: ParamTerms
+    acts: act.ActivationTerms
+    layout: StateLayout
+    adafactor: bool
+    global_batch_size: int
+    micro_batch_size: int
+    phases: tuple[Phase, ...]
+    max_extra_with_activations: int
+    """Largest ``extra_bytes`` of the phases that hold the activations (derived from ``phases``)."""
+    max_extra_without_activations: int
+
+    @property
+    def num_layers(self) -> int:
+        return sum(self.chunk_layers)
+
+    def states(self, dp: int) -> dict[str, int]:
+        """Model-state copies at data parallelism ``dp``, bytes."""
+        return dict(zip(STATE_COMPONENTS, self._state_values(dp), strict=True))
+
+    def _state_values(self, dp: int) -> tuple[int, int, int, int, int]:
+        # ZeRO/FSDP shard over every rank that holds the same parameters: dp x cp for dense parameters
+        # (Megatron-core's distributed optimizer uses the data-parallel group with context parallelism;
+        # torchtitan shards over dp_shard x cp), dp x cp / ep for expert parameters (the expert-data-parallel
+        # group: each expert lives on dp / ep of the dp ranks).
+        expert = self.params.expert_params
+        dense = self.params.params - expert
+        w, g, m, o = self.layout.per_param(dp * self.cp)
+        values = [w * dense, g * dense, m * dense, o * dense]
+        if expert:
+            we, ge, me, oe = self.layout.per_param(max(dp * self.cp // self.ep, 1))
+            values = [v + e * expert for v, e in zip(values, (we, ge, me, oe), strict=True)]
+        if self.adafactor:
+            shard = dp * self.cp if self.layout.shard_optimizer else 1
+            values[3] = self.params.adafactor_state_bytes / shard
+        cache = self.layout.weight_cache_bytes * self.params.params
+        return int(values[0]), int(values[1]), int(values[2]), int(values[3]), int(cache)
+
+    def activations(self, dp: int) -> int:
+        """Activations of every in-flight micro-batch at the stage's peak, bytes."""
+        microbatches = max(self.global_batch_size // (self.micro_batch_size * dp), 1)
+        in_flight = in_flight_layer_microbatches(self.chunk_layers, self.stage, self.pp, microbatches)
+        held = int(in_flight * self.num_layers * self.acts.layer)
+        if self.has_embedding:
+            held += math.ceil(in_flight) * self.acts.embedding
+        return held
+
+    def peak_phase(self, dp: int) -> tuple[Phase, int]:
+        """The phase holding the peak and its bytes beyond the model states."""
+        held = self.activations(dp)
+        return max(((p, (held if p.holds_activations else 0) + p.extra_bytes) for p in self.phases), key=lambda x: x[1])
+
+    def allocated_bytes(self, dp: int) -> int:
+        """Peak allocated bytes at data parallelism ``dp``: the value :func:`predict_stage` reports, without
+        building its breakdown (the plan search's fast path)."""
+        beyond_states = max(self.activations(dp) + self.max_extra_with_activations, self.max_extra_without_activations)
+        return sum(self._state_values(dp)) + beyond_states
+
+
+def stage_model(job: JobSpec, stage: int) -> StageModel:
+    return stage_model_of(job.model, job.training, job.parallel, stage)
+
+
+def stage_model_of(arch: ModelArch, training: TrainingConfig, parallel: ParallelConfig, stage: int) -> StageModel:
+    """The :class:`StageModel` of pipeline rank ``stage`` (dp only through the ZeRO stage it allows)."""
+    counts = chunk_layer_counts(arch.num_layers, parallel.pp, parallel.vpp)
+    chunk_layers = counts[stage :: parallel.pp]
+    first, last = stage == 0, stage == parallel.pp - 1
+    params = param_terms(arch, parallel.tp, parallel.ep, parallel.pp, sum(chunk_layers), first, last)
+    acts = act.activation_terms(arch, training, parallel)
+    layout = state_layout(training, parallel)
+    comm = comm_buffer_bytes(training, parallel, layout, params)
+    block_temp = acts.block_backward(layout.transient_grad_bytes * params.largest_layer_param) + acts.recompute
+    phases = [
+        Phase(name="block_backward", holds_activations=True, logits_and_loss=0, communication_buffers=comm,
+              temporaries=block_temp),
+        # A block's second norm runs its backward once the block's MLP activations are freed; the
+        # recomputed block (full recompute) is alive then, and on a stage before the last so is the gradient
+        # received from the next stage (Megatron keeps it for the micro-batch's whole backward).
+        Phase(name="norm_backward", holds_activations=True, logits_and_loss=0, communication_buffers=comm,
+              temporaries=acts.recompute - acts.mlp_part + acts.norm_backward
+              + (0 if last else acts.block_incoming_grad)),
+        # The embedding's gradient is made last, when the blocks' activations are already freed.
+        Phase(name="embedding_backward", holds_activations=False, logits_and_loss=0, communication_buffers=comm,
+              temporaries=layout.transient_grad_bytes * params.embedding_params),
+        Phase(name="optimizer_step", holds_activations=False, logits_and_loss=0,
+              communication_buffers=int(layout.grad_buffer_bytes * params.params), temporaries=0),
+    ]  # fmt: skip
+    if last:
+        head_comm = comm
+        if training.runtime == "fsdp2" and parallel.pp == 1:
+            # torchtitan's last FSDP group ([norm, output]) is not resharded after forward: at the loss
+            # backward its unsharded 16-bit weight and gradient, the fp32 copy for reduce_dtype and the fp32
+            # reduce-scatter input are alive, 12 bytes per output parameter (trace path finding F2,
+            # benchmarks/results/marp_vs_trace.md).
+            head_comm = max(comm, int(12 * params.output_params))
+        phases += [
+            Phase(name="loss_backward", holds_activations=True, logits_and_loss=acts.loss + acts.loss_backward,
+                  communication_buffers=head_comm, temporaries=0),
+            # The output layer's backward: the 16-bit gradient of the logits, the input gradient and the
+            # output layer's transient 16-bit weight gradient (trace path finding M1: Megatron-core's last
+            # stage peaks here when the tokens are few against the hidden size).
+            Phase(name="output_backward", holds_activations=True, logits_and_loss=acts.logits_grad,
+                  communication_buffers=head_comm,
+                  temporaries=layout.transient_grad_bytes * params.output_params + acts.block_incoming_grad),
+            # The final norm runs its backward before any block: every activation is alive.
+            Phase(name="final_norm_backward", holds_activations=True, logits_and_loss=acts.final_norm,
+                  communication_buffers=head_comm, temporaries=acts.norm_backward),
+        ]  # fmt: skip
+    return StageModel(
+        stage=stage,
+        pp=parallel.pp,
+        cp=parallel.cp,
+        ep=parallel.ep,
+        chunk_layers=chunk_layers,
+        has_embedding=first,
+        params=params,
+        acts=acts,
+        layout=layout,
+        adafactor=training.optimizer == "adafactor",
+        global_batch_size=training.global_batch_size,
+        micro_batch_size=training.micro_batch_size,
+        phases=tuple(phases),
+        max_extra_with_activations=max(p.extra_bytes for p in phases if p.holds_activations),
+        max_extra_without_activations=max(p.extra_bytes for p in phases if not p.holds_activations),
+    )
+
+
+def comm_buffer_bytes(
+    training: TrainingConfig, parallel: ParallelConfig, layout: StateLayout, terms: ParamTerms
+) -> int:
+    """Communication buffers held through backward: DDP buckets (hf), DeepSpeed's ZeRO-2 reduce bucket
+    (``reduce_bucket_size`` default 5e8 elements, DeepSpeed config docs), gathered FSDP/ZeRO-3 weights of
+    the current and the prefetched block (FSDP2 default prefetch of one, Zhao et al. 2023, Sec. 3.3) or of
+    every block when weights stay gathered (zero_stage 2 under fsdp2), and the unsharded gradients of one
+    block before its reduce-scatter."""
+    params, layer_params = terms.params, terms.layer_params
+    zero = parallel.zero_stage
+    buffers = int(layout.grad_buffer_bytes * params)
+    deepspeed_zero2 = training.runtime == "deepspeed" and zero == 2
+    if deepspeed_zero2:
+        buffers += layout.compute_bytes * min(params, 500_000_000)
+    if training.runtime == "fsdp2" and parallel.pp > 1:
+        # FSDP2 under torch.distributed.pipelining: the stage turns off resharding after backward and
+        # gradient sync until the step's last micro-batch (``_PipelineStage`` calls
+        # ``set_reshard_after_backward(False)`` and ``set_requires_gradient_sync(False)``), so the stage's
+        # 16-bit weights stay gathered and its unsharded gradients accumulate in the fp32 reduce dtype
+        # (FSDP2 ``FSDPParam.to_accumulated_grad_if_needed``) over the whole step.
+        return buffers + (layout.gathered_weight_bytes + layout.gathered_grad_bytes) * params
+    if layout.gathered_weight_bytes:
+        gathered = 2 * layer_params if zero >= 3 else params
+        buffers += layout.gathered_weight_bytes * gathered
+    if layout.gathered_grad_bytes and not deepspeed_zero2:
+        buffers += layout.gathered_grad_bytes * layer_params
+    return buffers
+
+
+def nccl_bytes(parallel: ParallelConfig, cuda: CudaTerms, gpu: GpuType | None) -> int:
+    """One send and one receive buffer per channel for each communicator the rank is in (NCCL docs,
+    ``NCCL_BUFFSIZE`` and ``NCCL_MIN/MAX_NCHANNELS``; PCIe-only nodes use few channels)."""
+    groups = sum(1 for degree in (parallel.dp, parallel.tp, parallel.pp, parallel.cp, parallel.ep) if degree > 1)
+    channels = cuda.nccl_channels if gpu is None or gpu.intra_node == "nvlink" else 2
+    return groups * 2 * channels * cuda.nccl_buffer_bytes
+
+
+def cuda_totals(
+    allocated: int, parallel: ParallelConfig, cuda: CudaTerms | None, gpu: GpuType | None
+) -> tuple[int, int]:
+    """(peak_reserved_bytes, device_used_bytes) from the allocated peak."""
+    if cuda is None:
+        return allocated, allocated
+    reserved = int(allocated * (1 + cuda.fragmentation))
+    used = reserved + cuda.context_bytes + cuda.cublas_workspace_bytes + nccl_bytes(parallel, cuda, gpu)
+    return reserved, used
+
+
+def upper_bytes(value: int, metric: str, fit: MemoryFit = SHIPPED_FIT) -> int:
+    """The upper bound of a predicted total (``metric`` one of :data:`frenzy_opt.prediction.marp.fit.METRICS`)."""
+    return math.ceil(value * fit.ratio(metric))
+
+
+def predict_stage(
+    job: JobSpec, stage: int, cuda: CudaTerms | None, gpu: GpuType | None, fit: MemoryFit = SHIPPED_FIT
+) -> StagePrediction:
+    """One stage's peak and its named breakdown (see the module docstring for the phases)."""
+    model = stage_model(job, stage)
+    dp = job.parallel.dp
+    phase, _ = model.peak_phase(dp)
+    breakdown = {
+        **model.states(dp),
+        "activations": model.activations(dp) if phase.holds_activations else 0,
+        "logits_and_loss": phase.logits_and_loss,
+        "communication_buffers": phase.communication_buffers,
+        "temporaries": phase.temporaries,
+    }
+    allocated = sum(breakdown.values())
+    reserved, used = cuda_totals(allocated, job.parallel, cuda, gpu)
+    if cuda is not None:
+        breakdown |= {
+            "allocator_reserve": reserved - allocated,
+            "cuda_context": cuda.context_bytes,
+            "cublas_workspace": cuda.cublas_workspace_bytes,
+            "nccl_buffers": nccl_bytes(job.parallel, cuda, gpu),
+        }
+    return StagePrediction(
+        stage=stage,
+        num_layers=model.num_layers,
+        num_params=model.params.params,
+        peak_phase=phase.name,
+        breakdown=breakdown,
+        peak_allocated_bytes=allocated,
+        peak_reserved_bytes=reserved,
+        device_used_bytes=used,
+        peak_allocated_upper_bytes=upper_bytes(allocated, "max_allocated", fit),
+        peak_reserved_upper_bytes=upper_bytes(reserved, "max_reserved", fit),
+        device_used_upper_bytes=upper_bytes(used, "device_used", fit),
+    )
+
+
+def peak_stages(pp: int) -> list[int]:
+    """The stages that can hold the peak: the first (most in-flight micro-batches, most layers under
+    uneven splits, the embedding) and the last (output layer and loss). A middle stage holds no more
+    layers, fewer in-flight micro-batches and neither table."""
+    return [0] if pp == 1 else [0, pp - 1]
+
+
+def predict_peak(
+    job: JobSpec, gpu: GpuType | None = None, *, cuda: CudaTerms | None = DEFAULT_CUDA
+) -> MemoryPrediction:
+    """Like :func:`predict_memory` but only for the stages of :func:`peak_stages`."""
+    return _prediction(job, gpu, cuda, peak_stages(job.parallel.pp))
+
+
+def predict_memory(
+    job: JobSpec, gpu: GpuType | None = None, *, cuda: CudaTerms | None = DEFAULT_CUDA
+) -> MemoryPrediction:
+    """Per-stage peak memory of ``job`` at its parallel config, on ``gpu`` if given (for capacity/fit).
+
+    ``cuda=None`` switches the CUDA-only terms off (reserved = used = allocated), as on the CPU.
+    """
+    return _prediction(job, gpu, cuda, list(range(job.parallel.pp)))
+
+
+def _prediction(job: JobSpec, gpu: GpuType | None, cuda: CudaTerms | None, stages: list[int]) -> MemoryPrediction:
+    chunk_layer_counts(job.model.num_layers, job.parallel.pp, job.parallel.vpp)  # validates pp x vpp
+    return MemoryPrediction(
+        stages=tuple(predict_stage(job, stage, cuda, gpu) for stage in stages),
+        capacity_bytes=gpu.memory_bytes if gpu is not None else None,
+        gpu_type=gpu.name if gpu is not None else None,
+        parallel=job.parallel,
+    )

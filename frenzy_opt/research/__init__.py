@@ -1,0 +1,1 @@
+"""Research comparisons: experiments over policies, the comparison protocol, its report and statistics."""

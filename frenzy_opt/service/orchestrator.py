@@ -1,0 +1,734 @@
+"""The orchestrator: one background loop that owns the GPU ledger and every job's state machine.
+
+    queued -> scheduled -> running -> succeeded | failed | cancelled
+    failed -> queued (retry, while attempts <= max_retries)
+
+Everything that changes state arrives as an event on one queue — a job accepted, an attempt ended (from
+the executor's thread), a cancel request, a stop — and the loop handles a batch of them, then runs one
+greedy HAS decision (:class:`frenzy_opt.solvers.greedy.GreedyState`, the same code the simulator and
+``frenzy solve`` run) and hands each placement to the executor. The ledger is the greedy state's free-GPU
+index: GPUs are taken only by a decision and given back on every end of an attempt (success, failure,
+cancel), so nothing is double-booked (property-tested). All state changes of a batch are written to the
+store in one transaction before the executor is told to launch.
+
+Per-tenant quotas per GPU type (Kueue's ClusterQueue nominal quotas, without borrowing) are enforced inside
+the decision (:class:`Quotas`, the greedy's admission hook): a job over its tenant's quota waits, with the
+reason.
+
+Recovery (:meth:`Orchestrator.start`): queued jobs are queued again in acceptance order; scheduled and
+running ones the executor still runs keep their GPUs; the others failed with the node or process and are
+retried (or fail for good past their retry limit).
+
+Faults (:mod:`frenzy_opt.service.store`): the loop never dies of one. A batch whose state changes the store cannot
+write (a lock held past the busy timeout, a full disk, a deleted file, a database server gone) is kept, with
+its launches held back, and written again with exponential back-off until the store takes it; meanwhile
+:attr:`Orchestrator.store_fault` says why (the API answers 503 with ``Retry-After``) and new events wait in
+the queue. An event whose handling raises is logged and its job failed with the reason, not the loop. At
+start the service takes the store's writer lock before it recovers, and recovery quarantines rows it cannot
+run (a model no longer in the catalogue, unreadable JSON, a node the cluster lacks) as failed with the reason.
+
+Cluster time is wall time since start x ``time_scale`` (the simulated executor's scale), so predicted
+durations and the scheduler's clock agree.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import queue
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field, replace
+from typing import Any, Protocol
+
+from frenzy_opt.core.spec import JobSpec, parse_job
+from frenzy_opt.hardware.cluster import ClusterSpec
+from frenzy_opt.hardware.topology import Topology
+from frenzy_opt.launch.executors import Executor, ExitInfo, Launch
+from frenzy_opt.planning.plans import DEFAULT_STEP_MODEL
+from frenzy_opt.planning.problem import (
+    Option,
+    OptionCache,
+    ProblemJob,
+    SchedulingProblem,
+    no_option_message,
+    problem_job,
+)
+from frenzy_opt.prediction.calibrations import CalibrationStore
+from frenzy_opt.prediction.closedloop import Sample, recalibrate, sample_of
+from frenzy_opt.service.store import JobRecord, Store, describe_fault, is_store_fault
+from frenzy_opt.simulation.simulator import restart_cost_s
+from frenzy_opt.solvers.greedy import GreedyState
+
+log = logging.getLogger(__name__)
+
+RETRY_FIRST_S = 0.05
+RETRY_MAX_S = 5.0
+"""Back-off of a failed store write: doubling from 50 ms up to 5 s (the usual capped exponential back-off, as
+in https://aws.amazon.com/builders-library/timeouts-retries-and-backoff-with-jitter/)."""
+
+
+class Waiter(Protocol):
+    """What :meth:`Orchestrator.submit` sets once a decision considered the job (a :class:`threading.Event`,
+    or the API's bridge to its event loop)."""
+
+    def set(self) -> None: ...
+
+
+class Quotas:
+    """Per-tenant GPU limits per type; a tenant with no entry for a type is unlimited there."""
+
+    def __init__(self, limits: dict[str, dict[str, int]], tenant_of: dict[str, str]) -> None:
+        self.limits = limits
+        self.tenant_of = tenant_of
+        self.used: dict[str, dict[str, int]] = {}
+        self.held: dict[str, tuple[str, str, int]] = {}
+
+    def limit(self, tenant: str, gpu_type: str) -> int | None:
+        return self.limits.get(tenant, {}).get(gpu_type)
+
+    def allows(self, job: str, option: Option) -> bool:
+        tenant = self.tenant_of[job]
+        limit = self.limit(tenant, option.gpu_type)
+        return limit is None or self.used.get(tenant, {}).get(option.gpu_type, 0) + option.num_gpus <= limit
+
+    def take(self, job: str, option: Option) -> None:
+        tenant = self.tenant_of[job]
+        per_type = self.used.setdefault(tenant, {})
+        per_type[option.gpu_type] = per_type.get(option.gpu_type, 0) + option.num_gpus
+        self.held[job] = (tenant, option.gpu_type, option.num_gpus)
+
+    def release(self, job: str) -> None:
+        held = self.held.pop(job, None)
+        if held is not None:
+            tenant, gpu_type, n = held
+            self.used[tenant][gpu_type] -= n
+
+    def explain(self, job: str, options: tuple[Option, ...]) -> str:
+        tenant = self.tenant_of[job]
+        parts = []
+        for gpu_type in sorted({o.gpu_type for o in options}):
+            limit = self.limit(tenant, gpu_type)
+            fewest = min(o.num_gpus for o in options if o.gpu_type == gpu_type)
+            used = self.used.get(tenant, {}).get(gpu_type, 0)
+            if limit is not None:
+                parts.append(f"{gpu_type}: needs {fewest}, quota {limit}, in use {used}")
+        return f"over quota for tenant {tenant!r} ({'; '.join(parts)})"
+
+
+@dataclass(slots=True)
+class Run:
+    """An attempt the ledger holds GPUs for."""
+
+    job_id: str
+    attempt: int
+    option: Option
+    nodes: tuple[int, ...]
+    start_s: float
+    end_s: float
+    restart_s: float = 0.0
+    """The part of the attempt that reloads a checkpoint before progressing (0 for a first attempt)."""
+
+    def done_fraction(self, now: float) -> float:
+        """How much of the attempt's work is done at ``now`` (by the predicted time: what the scheduler
+        knows when the executor reports no steps)."""
+        work = self.end_s - self.start_s - self.restart_s
+        if work <= 0:
+            return 1.0
+        return min(max((now - self.start_s - self.restart_s) / work, 0.0), 1.0)
+
+
+@dataclass(slots=True)
+class _Pending:
+    """State changes of one batch, written in one transaction."""
+
+    transitions: list[tuple[str, str, str, dict[str, Any]]] = field(default_factory=list)
+
+    def add(self, job_id: str, state: str, detail: str = "", **fields: Any) -> None:
+        self.transitions.append((job_id, state, detail, fields))
+
+
+class Orchestrator:
+    """The scheduling loop (module docstring)."""
+
+    def __init__(
+        self,
+        store: Store,
+        cluster: ClusterSpec,
+        executor: Executor,
+        *,
+        time_scale: float = 1.0,
+        quotas: dict[str, dict[str, int]] | None = None,
+        on_decision: Callable[[float, int], None] | None = None,
+        cache: OptionCache | None = None,
+        calibration: str | None = None,
+        calibrations: CalibrationStore | None = None,
+        preempt: bool | None = None,
+        max_restarts: int = 20,
+    ) -> None:
+        self.store, self.cluster, self.executor = store, cluster, executor
+        self.time_scale = time_scale
+        self.topology = cache.topology if cache is not None else Topology(cluster)
+        supports = getattr(executor, "supports", None)
+        self._plan_filter = None if supports is None else (lambda plan, spec: bool(supports(plan, spec.model)))
+        self.calibration = calibration
+        self.calibrations = calibrations or CalibrationStore()
+        self.base_model = DEFAULT_STEP_MODEL
+        if calibration and calibration in self.calibrations.names():
+            self.base_model = self.calibrations.load(calibration)
+        elif calibration:
+            log.warning(
+                "calibration profile %s does not exist in %s: planning with the shipped step-time parameters; "
+                "the closed loop creates it from the first measured run",
+                calibration,
+                self.calibrations.root,
+            )
+        self.step_model = self.base_model
+        for key, entry in store.calibration().items():  # efficiencies fitted by earlier runs
+            gpu, _, precision = key.partition("@")
+            self.step_model = self.step_model.with_efficiency(gpu, entry["efficiency_after"], precision or None)
+        self.cache = cache or OptionCache(
+            cluster, self.topology, plan_filter=self._plan_filter, step_model=self.step_model
+        )
+        self.samples: list[Sample] = []
+        self.calibration_report: dict[str, dict[str, Any]] = store.calibration()
+        self.progress: dict[str, dict[str, Any]] = {}
+        self.preempt = bool(getattr(executor, "preemptible", False)) if preempt is None else preempt
+        """Whether the HAS may stop running jobs for shorter ones (:meth:`GreedyState.review`): only with an
+        executor whose stopped attempts resume where they stopped."""
+        self.max_restarts = max_restarts
+        self.state = GreedyState(SchedulingProblem(topology=self.topology, jobs=()), patient=not self.preempt)
+        self.steps_left: dict[str, int] = {}
+        """Training steps still to run per job (less than the spec's after a preemption)."""
+        self.tenant_of: dict[str, str] = {}
+        self.quotas = Quotas(quotas or {}, self.tenant_of)
+        self.specs: dict[str, JobSpec] = {}
+        self.max_retries: dict[str, int] = {}
+        self.weights: dict[str, float] = {}
+        self.submitted: dict[str, float] = {}
+        """When each job was first queued here (its deadline counts from then)."""
+        self.attempts: dict[str, int] = {}
+        self.running: dict[str, Run] = {}
+        self.reasons: dict[str, str] = {}
+        self.decisions = 0
+        self.on_decision = on_decision
+        self._decided: dict[str, Waiter] = {}
+        self._wake: list[Waiter] = []
+        self._waiting: dict[str, tuple[Option | None, float]] = {}
+        """What the last decision said each queued job waits for (the greedy's ``waiting``) ..."""
+        self._decided_at = 0.0
+        """... and when it was made."""
+        self._fresh: set[str] = set()
+        """Queued jobs no decision has considered yet."""
+        self._events: queue.Queue[tuple[Any, ...]] = queue.Queue()
+        self._lock = threading.RLock()
+        self._thread: threading.Thread | None = None
+        self._stopping = threading.Event()
+        self.store_fault: str | None = None
+        """Why the store cannot take the loop's writes now (None while it can)."""
+        self._t0 = time.monotonic()
+
+    # --- clock and lifecycle --------------------------------------------------------------------------
+
+    def now(self) -> float:
+        """Cluster seconds since start."""
+        return (time.monotonic() - self._t0) * self.time_scale
+
+    def start(self) -> None:
+        """Take the store's writer lock, recover from the store, then run the loop in a background thread."""
+        if self.alive():
+            return  # started already (e.g. by a harness, then by the app's lifespan)
+        self._stopping.clear()  # an orchestrator stopped before may start again
+        self.store.acquire_writer()
+        self.recover()
+        self._thread = threading.Thread(target=self._loop, name="frenzy-orchestrator", daemon=True)
+        self._thread.start()
+        self._events.put(("tick",))  # a first decision for what recovery queued
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stopping.set()
+        if self._thread is not None:
+            self._events.put(("stop",))
+            self._thread.join(timeout)
+            self._thread = None
+        self.executor.shutdown()
+
+    # --- called from other threads --------------------------------------------------------------------
+
+    def submit(self, record: JobRecord, decided: Waiter | None = None) -> Waiter:
+        """Queue an accepted job; ``decided`` (a new :class:`threading.Event` if not given) is set once a
+        decision has considered it."""
+        waiter: Waiter = threading.Event() if decided is None else decided
+        with self._lock:
+            self._decided[record.id] = waiter
+        self._events.put(("submit", record))
+        return waiter
+
+    def cancel(self, job_id: str) -> Future[str]:
+        """Cancel a job; the future gives the state it ends in (``cancelled`` or its terminal state)."""
+        result: Future[str] = Future()
+        self._events.put(("cancel", job_id, result))
+        return result
+
+    def _on_exit(self, job_id: str, attempt: int, info: ExitInfo) -> None:
+        self._events.put(("exit", job_id, attempt, info))
+
+    def _on_report(self, job_id: str, attempt: int, record: dict[str, Any]) -> None:
+        """A running attempt's latest worker report (kept in memory; the summary is stored at its end)."""
+        with self._lock:
+            run = self.running.get(job_id)
+            if run is not None and run.attempt == attempt:
+                self.progress[job_id] = {"attempt": attempt, **record}
+
+    def reason(self, job_id: str) -> str | None:
+        """Why a queued job waits, as of the last decision (formatted on demand: a decision over a long
+        queue does not build a sentence per job)."""
+        with self._lock:
+            reason = self.reasons.get(job_id)
+            job = self.state.queue.get(job_id)
+            if job is None or job_id in self._fresh:
+                return reason
+            waiting, at = self._waiting.get(job_id), self._decided_at
+            if waiting is None:
+                return "queued: no GPU free for it at the last decision"
+            option, start = waiting
+            if option is None:
+                return self.quotas.explain(job_id, job.options)
+            eta = "unknown" if math.isinf(start) else f"{max(start - at, 0):,.0f} s"
+            return f"waiting for {option.num_gpus} x {option.gpu_type} (estimated start in {eta})"
+
+    def view(self) -> dict[str, Any]:
+        """A consistent copy of the ledger: GPUs per type and node, free and used, running jobs."""
+        with self._lock:
+            nodes: list[dict[str, Any]] = []
+            per_type: dict[str, dict[str, int]] = {}
+            for node in self.topology.nodes:
+                free = self.state.free[node.gpu.name].free[node.index]
+                nodes.append({"name": node.name, "gpu_type": node.gpu.name, "gpus": node.num_gpus, "free": free})
+                t = per_type.setdefault(node.gpu.name, {"gpus": 0, "free": 0, "used": 0})
+                t["gpus"] += node.num_gpus
+                t["free"] += free
+                t["used"] += node.num_gpus - free
+            running = [
+                {
+                    "job": r.job_id,
+                    "tenant": self.tenant_of.get(r.job_id, ""),
+                    "gpu_type": r.option.gpu_type,
+                    "num_gpus": r.option.num_gpus,
+                    "nodes": [self.topology.nodes[i].name for i in r.nodes],
+                    "attempt": r.attempt,
+                }
+                for r in self.running.values()
+            ]
+            return {
+                "name": self.cluster.name,
+                "gpu_types": per_type,
+                "nodes": nodes,
+                "running": running,
+                "queued": len(self.state.queue),
+            }
+
+    # --- the loop ---------------------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while not self._stopping.is_set():
+            batch = [self._events.get()]
+            while True:
+                try:
+                    batch.append(self._events.get_nowait())
+                except queue.Empty:
+                    break
+            try:
+                if not self.process(batch):
+                    return
+            except Exception:  # a defect in handling a batch must not stop scheduling for good
+                log.exception("orchestrator: a batch of %d events failed; the loop goes on", len(batch))
+
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def process(self, batch: list[tuple[Any, ...]]) -> bool:
+        """Handle a batch of events and run one decision; False once a stop event was seen. Public so that
+        tests can drive the orchestrator without its thread."""
+        pending = _Pending()
+        cancels: list[tuple[str, Future[str]]] = []
+        keep_going = True
+        with self._lock:
+            for event in batch:
+                kind = event[0]
+                if kind == "stop":
+                    keep_going = False
+                elif kind == "cancel":
+                    cancels.append((event[1], event[2]))
+                if kind in ("submit", "exit", "cancel"):
+                    self._handle(event, pending)
+            launches = self._decide(pending) if keep_going else []
+        if not self._write(pending):
+            return False  # stopped while the store could not write: recovery picks up from the store
+        wake, self._wake = self._wake, []
+        for waiter in wake:
+            waiter.set()
+        for job_id, future in cancels:
+            try:
+                record = self.store.get(job_id)
+            except Exception as err:  # the cancel is written; only reading it back failed
+                future.set_exception(err)
+                continue
+            future.set_result("unknown" if record is None else record.state)
+        for launch in launches:
+            self.executor.launch(launch, self._on_exit, self._on_report)
+        return keep_going
+
+    def _handle(self, event: tuple[Any, ...], pending: _Pending) -> None:
+        """One submit, exit or cancel event; one that raises fails its job with the reason (module
+        docstring)."""
+        kind = event[0]
+        job_id = event[1].id if kind == "submit" else event[1]
+        try:
+            if kind == "submit":
+                self._enqueue(event[1], pending)
+            elif kind == "exit":
+                self._exit(event[1], event[2], event[3], pending)
+            else:
+                self._cancel(event[1], pending)
+        except Exception as err:
+            log.exception("orchestrator: %s event of job %s failed", kind, job_id)
+            self._drop(job_id, f"{kind} failed inside the scheduler: {err.__class__.__name__}: {err}", pending)
+
+    def _drop(self, job_id: str, reason: str, pending: _Pending) -> None:
+        """Take a job out of the queue and the ledger and fail it with the reason (quarantine)."""
+        self.state.queue.pop(job_id, None)
+        if job_id in self.running:
+            self.executor.cancel(job_id)
+            self._release(job_id)
+        self.reasons.pop(job_id, None)
+        self._fresh.discard(job_id)
+        pending.add(job_id, "failed", f"quarantined: {reason}")
+        self._mark_decided(job_id)
+
+    def _write(self, pending: _Pending) -> bool:
+        """Write a batch's state changes, retrying with back-off while the store is at fault (module
+        docstring); False if the orchestrator was stopped before the store took them."""
+        delay = RETRY_FIRST_S
+        while True:
+            try:
+                self._flush(pending)
+            except Exception as err:
+                if not is_store_fault(err):
+                    raise
+                reason = describe_fault(err)
+                if self.store_fault is None:
+                    log.error("store: cannot write %d state changes (%s); retrying", len(pending.transitions), reason)
+                self.store_fault = reason
+                if self._stopping.wait(delay):
+                    return False
+                delay = min(delay * 2, RETRY_MAX_S)
+                continue
+            if self.store_fault is not None:
+                log.warning("store: writes again after: %s", self.store_fault)
+                self.store_fault = None
+            return True
+
+    def _flush(self, pending: _Pending) -> None:
+        if pending.transitions:
+            self.store.apply(pending.transitions)
+
+    def _enqueue(self, record: JobRecord, pending: _Pending, *, retry: bool = False) -> None:
+        spec = parse_job(record.spec)
+        self.specs[record.id] = spec
+        self.tenant_of[record.id] = record.tenant
+        self.max_retries[record.id] = record.max_retries
+        self.weights[record.id] = record.weight
+        self.attempts.setdefault(record.id, record.attempts)
+        options = self.cache.options(spec)
+        if not options:
+            pending.add(record.id, "failed", no_option_message(record.id, spec, self.topology.cluster.name))
+            self._mark_decided(record.id)
+            return
+        submitted = self.submitted.setdefault(record.id, self.now())
+        self.state.queue[record.id] = self._problem_job(record.id, spec, options, submitted, record.weight)
+        self.reasons[record.id] = "queued: waiting for the next decision"
+        self._fresh.add(record.id)
+
+    def _release(self, job_id: str) -> Run | None:
+        run = self.running.pop(job_id, None)
+        if run is not None:
+            self.state.release(job_id)
+            self.quotas.release(job_id)
+        return run
+
+    def _exit(self, job_id: str, attempt: int, info: ExitInfo, pending: _Pending) -> None:
+        run = self.running.get(job_id)
+        if run is None or run.attempt != attempt:
+            return  # a cancelled or superseded attempt
+        self._release(job_id)
+        self.progress.pop(job_id, None)
+        if info.ok:
+            self.steps_left.pop(job_id, None)
+            pending.add(job_id, "succeeded", "completed", measured=info.measured or None)
+            self._learn(job_id, run, info)
+            self.reasons.pop(job_id, None)
+            return
+        self._retry_or_fail(job_id, info.cause or "attempt failed", pending)
+
+    def _learn(self, job_id: str, run: Run, info: ExitInfo) -> None:
+        """Closed loop: a measured run refits its GPU type's efficiency (:mod:`frenzy_opt.prediction.closedloop`);
+        later plan searches use the refitted step-time model."""
+        plan = {**run.option.plan.to_dict()}
+        sample = sample_of(job_id, self.specs[job_id], plan, info.measured, self.cluster)
+        if sample is None or info.measured.get("source") == "simulated":
+            return
+        self.samples.append(sample)
+        try:
+            model, report = recalibrate([s for s in self.samples if s.key == sample.key], self.step_model)
+        except ValueError:  # e.g. a measurement faster than any efficiency allows: keep the model
+            return
+        self.step_model = model
+        self.calibration_report.update(report)
+        try:
+            self.store.save_calibration(report)
+        except Exception as err:  # the fit lives on in memory; the next refit writes it again
+            if not is_store_fault(err):
+                raise
+            log.warning("closed loop: cannot store the refitted efficiencies: %s", err)
+        if self.calibration:  # the profile the service plans with learns from its runs
+            try:
+                self.calibrations.learn(self.calibration, model, report)
+            except OSError as err:
+                log.warning("closed loop: cannot write calibration profile %s: %s", self.calibration, err)
+        self.cache = OptionCache(self.cluster, self.topology, plan_filter=self._plan_filter, step_model=self.step_model)
+
+    def _retry_or_fail(self, job_id: str, cause: str, pending: _Pending) -> None:
+        attempts = self.attempts.get(job_id, 0)
+        limit = self.max_retries.get(job_id, 0)
+        if attempts <= limit:
+            pending.add(job_id, "failed", f"attempt {attempts} failed: {cause}")
+            pending.add(job_id, "queued", f"retry {attempts} of {limit}")
+            spec = self.specs[job_id]
+            submitted = self.submitted.get(job_id, self.now())
+            weight = self.weights.get(job_id, 1.0)
+            self.steps_left.pop(job_id, None)  # a failed attempt starts over
+            self.state.queue[job_id] = self._problem_job(job_id, spec, self.cache.options(spec), submitted, weight)
+            self.reasons[job_id] = f"queued for retry {attempts} of {limit} after: {cause}"
+            self._fresh.add(job_id)
+        else:
+            pending.add(job_id, "failed", f"attempt {attempts} failed: {cause}; retry limit {limit} reached")
+            self.reasons.pop(job_id, None)
+
+    def _cancel(self, job_id: str, pending: _Pending) -> None:
+        if job_id in self.state.queue:
+            del self.state.queue[job_id]
+            pending.add(job_id, "cancelled", "cancelled while queued")
+        elif job_id in self.running:
+            self.executor.cancel(job_id)
+            self._release(job_id)
+            pending.add(job_id, "cancelled", "cancelled while running; GPUs released")
+        self.reasons.pop(job_id, None)
+        self._fresh.discard(job_id)
+
+    def _problem_job(
+        self, job_id: str, spec: JobSpec, options: tuple[Option, ...], submitted: float, weight: float
+    ) -> ProblemJob:
+        job = problem_job(job_id, submitted, weight, options, spec)
+        return replace(job, restart_s=restart_cost_s(spec.model.num_params))
+
+    def _spec_now(self, job_id: str) -> JobSpec:
+        """The job's spec with the steps it still has to run."""
+        spec = self.specs[job_id]
+        left = self.steps_left.get(job_id)
+        if left is None:
+            return spec
+        return replace(spec, training=replace(spec.training, train_steps=left))
+
+    def _steps_at(self, job_id: str, run: Run, now: float) -> int:
+        """Steps the job still has to run if its attempt stopped at ``now``."""
+        before = self.steps_left.get(job_id, self.specs[job_id].training.train_steps)
+        return max(1, math.ceil(before * (1.0 - run.done_fraction(now))))
+
+    def _resumed(self, job_id: str, now: float) -> tuple[Option, ...]:
+        """The job's options if it stopped now and resumed: the steps it has left, plus its restart cost."""
+        spec = self.specs[job_id]
+        run = self.running.get(job_id)
+        left = self._steps_at(job_id, run, now) if run is not None else self.steps_left.get(job_id)
+        resumed = spec if left is None else replace(spec, training=replace(spec.training, train_steps=left))
+        restart = math.ceil(restart_cost_s(spec.model.num_params))
+        return tuple(replace(o, duration_s=o.duration_s + restart) for o in self.cache.options(resumed))
+
+    def _preempt(self, now: float, pending: _Pending) -> None:
+        """Stop the running jobs the HAS's review chose (module docstring): for a shorter job, or to grow
+        into idle GPUs. They rejoin the queue with the steps they have left and their restart cost, and
+        resume from their checkpoint."""
+        moves = self.state.review(
+            now, max_restarts=self.max_restarts, options_now=lambda j: self._resumed(j, now), admit=self.quotas
+        )
+        for move in moves:
+            run = self.running.pop(move.job)
+            self.quotas.release(move.job)  # the review released its GPUs in the ledger already
+            self.executor.cancel(move.job)
+            self.progress.pop(move.job, None)
+            spec = self.specs[move.job]
+            before = self.steps_left.get(move.job, spec.training.train_steps)
+            left = self._steps_at(move.job, run, now)
+            self.steps_left[move.job] = left
+            options = self._resumed(move.job, now)
+            if move.max_duration_s < math.inf:  # it grows: only the faster plans
+                options = tuple(o for o in options if o.duration_s < move.max_duration_s) or options
+            weight = self.weights.get(move.job, 1.0)
+            self.state.queue[move.job] = self._problem_job(
+                move.job, spec, options, self.submitted.get(move.job, now), weight
+            )
+            why = "for a shorter job" if move.reason == "preempt" else "to grow into idle GPUs"
+            pending.add(
+                move.job,
+                "queued",
+                f"stopped {why} after {before - left} of {before} steps; resumes from its checkpoint",
+            )
+            self.reasons[move.job] = "queued: stopped, waiting to resume"
+            self._fresh.add(move.job)
+
+    def _decide(self, pending: _Pending) -> list[Launch]:
+        now = self.now()
+        tick = time.perf_counter()
+        assignments = self.state.decide(now, admit=self.quotas)
+        if self.preempt:
+            self._preempt(now, pending)
+            if self.state.queue:
+                assignments += self.state.decide(now, admit=self.quotas)
+        elapsed = time.perf_counter() - tick
+        self.decisions += 1
+        if self.on_decision is not None:
+            self.on_decision(elapsed, len(self.state.queue))
+        launches = []
+        for a in assignments:
+            attempt = self.attempts.get(a.job, 0) + 1
+            self.attempts[a.job] = attempt
+            resumed = a.job in self.steps_left
+            restart = restart_cost_s(self.specs[a.job].model.num_params) if resumed else 0.0
+            self.running[a.job] = Run(
+                job_id=a.job,
+                attempt=attempt,
+                option=a.option,
+                nodes=a.nodes,
+                start_s=now,
+                end_s=a.end_s,
+                restart_s=restart,
+            )
+            names = tuple(self.topology.nodes[i].name for i in a.nodes)
+            plan = {**a.option.plan.to_dict(), "est_runtime_s": a.option.duration_s}
+            placement = {"nodes": list(names), "gpus_per_node": a.option.gpus_per_node, "start_s": now}
+            detail = f"{a.option.num_gpus} x {a.option.gpu_type} on {', '.join(names)}"
+            p = a.option.plan
+            predicted = {
+                "gpu_type": a.option.gpu_type,
+                "peak_allocated_bytes": p.peak_allocated_bytes,
+                "peak_reserved_bytes": p.peak_reserved_bytes,
+                "device_used_bytes": p.device_used_bytes,
+                "step_time_s": p.step_time_s,
+                "runtime_s": a.option.duration_s,
+            }
+            pending.add(
+                a.job, "scheduled", detail, plan=plan, placement=placement, attempts=attempt, predicted=predicted
+            )
+            pending.add(a.job, "running", f"attempt {attempt} launched ({self.executor.name})")
+            self.reasons.pop(a.job, None)
+            launches.append(
+                Launch(
+                    job_id=a.job,
+                    attempt=attempt,
+                    spec=self._spec_now(a.job),
+                    option=a.option,
+                    nodes=names,
+                    gpus_per_node=a.option.gpus_per_node,
+                    duration_s=a.option.duration_s,
+                )
+            )
+            self._mark_decided(a.job)
+        # Every queued job was considered: O(waiters) here, not O(queue) (a decision with a long queue spent
+        # more time noting this per job than deciding).
+        self._waiting, self._decided_at = self.state.waiting, now
+        self._fresh.clear()
+        for job_id in [j for j in self._decided if j in self.state.queue]:
+            self._mark_decided(job_id)
+        return launches
+
+    def _mark_decided(self, job_id: str) -> None:
+        """Note that a decision considered the job; its waiter is woken once the batch is written."""
+        event = self._decided.pop(job_id, None)
+        if event is not None:
+            self._wake.append(event)
+
+    # --- recovery ---------------------------------------------------------------------------------------
+
+    def recover(self) -> dict[str, int]:
+        """Rebuild the queue and the ledger from the store (module docstring); counts per outcome."""
+        pending = _Pending()
+        alive = self.executor.running()
+        counts = {"queued": 0, "kept": 0, "retried": 0, "failed": 0, "quarantined": 0}
+        with self._lock:
+            for record in self.store.active():
+                try:
+                    counts[self._recover_one(record, alive, pending)] += 1
+                except Exception as err:  # a row this service cannot run must not stop its start
+                    reason = f"at start-up: {err.__class__.__name__}: {err}"
+                    log.error("recovery: job %s quarantined %s", record.id, reason)
+                    if record.id in alive:
+                        self.executor.cancel(record.id)
+                    self._drop(record.id, reason, pending)
+                    counts["quarantined"] += 1
+        self._flush(pending)
+        return counts
+
+    def _recover_one(self, record: JobRecord, alive: set[str], pending: _Pending) -> str:
+        """Recover one active job; the outcome (a key of :meth:`recover`'s counts)."""
+        if record.problems:
+            raise ValueError("; ".join(record.problems))
+        if record.state == "queued":
+            self._enqueue(record, pending)
+            return "queued"
+        self._enqueue(record, pending)
+        if self.state.queue.pop(record.id, None) is None:  # no option on this cluster: failed with the reason
+            if record.id in alive:
+                self.executor.cancel(record.id)
+            return "failed"
+        if record.id in alive and record.placement is not None and record.plan is not None:
+            self._reattach(record)
+            adopt = getattr(self.executor, "adopt", None)
+            if adopt is not None:
+                adopt(record.id, record.attempts, self._on_exit)
+            return "kept"
+        self.attempts[record.id] = record.attempts
+        before = len(pending.transitions)
+        self._retry_or_fail(record.id, "lost on restart: the executor no longer runs it", pending)
+        return "retried" if len(pending.transitions) - before == 2 else "failed"
+
+    def _reattach(self, record: JobRecord) -> None:
+        assert record.placement is not None and record.plan is not None
+        by_name = {n.name: n.index for n in self.topology.nodes}
+        missing = [name for name in record.placement["nodes"] if name not in by_name]
+        if missing:
+            raise ValueError(
+                f"it runs on {', '.join(missing)}, which cluster {self.cluster.name} does not have "
+                f"(nodes: {', '.join(sorted(by_name)[:8])}{', ...' if len(by_name) > 8 else ''})"
+            )
+        nodes = tuple(by_name[name] for name in record.placement["nodes"])
+        options = self.cache.options(self.specs[record.id])
+        option = next(
+            (o for o in options if o.gpu_type == record.plan["gpu_type"] and o.num_gpus == record.plan["num_gpus"]),
+            None,
+        )
+        if option is None:  # the plan is no longer among the options (e.g. a new catalogue): keep its shape
+            option = options[0]
+        per_node = int(record.placement["gpus_per_node"])
+        end = self.now() + float(record.plan.get("est_runtime_s") or option.duration_s)
+        self.state.occupy(record.id, nodes, per_node, end)
+        self.quotas.take(record.id, option)
+        self.running[record.id] = Run(
+            job_id=record.id, attempt=record.attempts, option=option, nodes=nodes, start_s=self.now(), end_s=end
+        )
+
+
+def new_job_id() -> str:
+    return f"job-{uuid.uuid4().hex[:16]}"
