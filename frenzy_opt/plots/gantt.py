@@ -1,54 +1,187 @@
-"""Gantt charts of schedules (matplotlib, headless): GPUs on the y-axis, one colour per job."""
+"""Gantt charts (matplotlib, headless) of a solver's schedule or a simulation: one chart for both.
+
+GPUs are stacked node by node on the y-axis, time in hours on the x-axis. A job keeps its colour across the
+charts of one problem (the colour follows the job's rank among all job ids, not the order a solver started
+them), so two solvers' charts compare at a glance; up to :data:`LEGEND_MAX_JOBS` jobs get a legend. Beyond
+:data:`GPU_ROWS_MAX` GPUs one row is a node (its GPUs split the row), so a 2,048-GPU cluster stays 256 rows.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+from matplotlib.axes import Axes
+from matplotlib.collections import PolyCollection
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
 
+from frenzy_opt.hardware.topology import Topology
 from frenzy_opt.planning.problem import Schedule, SchedulingProblem
+from frenzy_opt.simulation.simulator import SimResult
+
+PALETTE = "tab20"
+PALETTE_SIZE = 20
+LEGEND_MAX_JOBS = 20
+LABEL_MAX_BARS = 100
+GPU_ROWS_MAX = 256
+NODE_LINES_MAX = 256
+MAX_FIGURE_HEIGHT_IN = 30.0
 
 
-def gpu_rows(problem: SchedulingProblem) -> dict[int, int]:
-    """First y-row of each node: GPUs are stacked node by node."""
-    rows, y = {}, 0
-    for node in problem.topology.nodes:
-        rows[node.index] = y
-        y += node.num_gpus
-    return rows
+@dataclass(frozen=True, slots=True)
+class Bar:
+    """A job on ``per_node`` GPUs of each of ``nodes`` from ``start_s`` to ``end_s``."""
+
+    job: str
+    nodes: tuple[int, ...]
+    per_node: int
+    start_s: float
+    end_s: float
 
 
-def plot_schedule(problem: SchedulingProblem, schedule: Schedule, path: Path) -> Path:
-    """Write a Gantt chart of ``schedule`` to ``path`` (PNG): each job a bar per GPU it holds."""
-    rows = gpu_rows(problem)
-    total = sum(n.num_gpus for n in problem.topology.nodes)
-    fig, ax = plt.subplots(figsize=(12, max(3.0, total * 0.12)))
-    cmap = plt.get_cmap("tab20")
-    # When each GPU of each node is next free; a job takes the lowest-numbered GPUs free at its start.
-    free_at = {n.index: [0.0] * n.num_gpus for n in problem.topology.nodes}
-    for i, a in enumerate(sorted(schedule.assignments, key=lambda a: (a.start_s, a.job))):
-        per_node = a.option.gpus_per_node
-        for node in a.nodes:
-            slots = [k for k, t in enumerate(free_at[node]) if t <= a.start_s][:per_node]
+def job_colours(jobs: Iterable[str]) -> dict[str, tuple[float, float, float, float]]:
+    """A colour per job id from its rank among the sorted ids (the palette repeats every 20 jobs)."""
+    cmap = plt.get_cmap(PALETTE)
+    return {job: cmap(rank % PALETTE_SIZE) for rank, job in enumerate(sorted(set(jobs)))}
+
+
+def _rows(topology: Topology, per_gpu: bool) -> tuple[dict[int, float], dict[int, float], float]:
+    """Each node's first row and the height of one of its GPUs; the total height."""
+    first: dict[int, float] = {}
+    unit: dict[int, float] = {}
+    y = 0.0
+    for node in topology.nodes:
+        first[node.index] = y
+        unit[node.index] = 1.0 if per_gpu else 1.0 / node.num_gpus
+        y += node.num_gpus * unit[node.index]
+    return first, unit, y
+
+
+def _runs(slots: list[int]) -> list[tuple[int, int]]:
+    """Consecutive runs ``(first, length)`` of sorted slot numbers."""
+    runs: list[tuple[int, int]] = []
+    for k in slots:
+        if runs and runs[-1][0] + runs[-1][1] == k:
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((k, 1))
+    return runs
+
+
+def gantt_figure(
+    bars: Sequence[Bar],
+    topology: Topology,
+    title: str,
+    *,
+    jobs: Iterable[str] | None = None,
+    max_bars: int = 3000,
+) -> Figure:
+    """The chart of the first ``max_bars`` bars by start time. ``jobs`` (default: the bars' jobs) fixes the
+    colours, so charts of the same jobs share them. A job takes the lowest-numbered GPUs of a node that are
+    free at its start."""
+    ordered = sorted(bars, key=lambda b: (b.start_s, b.job))
+    shown = ordered[:max_bars]
+    colours = job_colours(jobs if jobs is not None else (b.job for b in ordered))
+    per_gpu = sum(n.num_gpus for n in topology.nodes) <= GPU_ROWS_MAX
+    first, unit, total = _rows(topology, per_gpu)
+    free_at = {n.index: [0.0] * n.num_gpus for n in topology.nodes}
+    verts: list[list[tuple[float, float]]] = []
+    faces: list[tuple[float, float, float, float]] = []
+    fig, ax = plt.subplots(figsize=(12, min(MAX_FIGURE_HEIGHT_IN, max(3.0, total * 0.12))))
+    label = len(shown) <= LABEL_MAX_BARS
+    for bar in shown:
+        x0, x1 = bar.start_s / 3600, bar.end_s / 3600
+        for index in bar.nodes:
+            slots = [k for k, t in enumerate(free_at[index]) if t <= bar.start_s][: bar.per_node]
             for k in slots:
-                free_at[node][k] = a.end_s
-                ax.broken_barh(
-                    [(a.start_s / 3600, (a.end_s - a.start_s) / 3600)], (rows[node] + k, 1), color=cmap(i % 20)
-                )
-            middle = rows[node] + (slots[0] + slots[-1] + 1) / 2 if slots else rows[node]
-            ax.text((a.start_s + a.end_s) / 7200, middle, a.job, ha="center", va="center", fontsize=6)
-    for server in problem.topology.nodes:
-        ax.axhline(rows[server.index], color="grey", linewidth=0.3)
-    ax.set_yticks([rows[n.index] + n.num_gpus / 2 for n in problem.topology.nodes])
-    ax.set_yticklabels([n.name for n in problem.topology.nodes], fontsize=6)
+                free_at[index][k] = bar.end_s
+            for start, length in _runs(slots):
+                y0 = first[index] + start * unit[index]
+                y1 = y0 + length * unit[index]
+                verts.append([(x0, y0), (x1, y0), (x1, y1), (x0, y1)])
+                faces.append(colours[bar.job])
+            if label and slots:
+                middle = first[index] + (slots[0] + slots[-1] + 1) / 2 * unit[index]
+                ax.text((x0 + x1) / 2, middle, bar.job, ha="center", va="center", fontsize=6)
+    ax.add_collection(PolyCollection(verts, facecolors=faces, edgecolors="none"))
+    _axes(ax, topology, first, total, per_gpu)
+    last_h = max((b.end_s for b in shown), default=0.0) / 3600
+    ax.set_xlim(0, last_h if last_h > 0 else 1.0)
+    drawn = sorted({b.job for b in shown})
+    if len(drawn) <= LEGEND_MAX_JOBS and drawn:
+        handles = [Patch(facecolor=colours[job], label=job) for job in drawn]
+        ax.legend(handles=handles, fontsize=6, loc="upper left", bbox_to_anchor=(1.0, 1.0), title="job")
+    if len(ordered) > len(shown):
+        ax.set_title(f"{title}: only the first {len(shown)} of {len(ordered)} bars (by start time) shown")
+    else:
+        ax.set_title(f"{title}: {len(ordered)} bars of {len(drawn)} jobs")
+    return fig
+
+
+def _axes(ax: Axes, topology: Topology, first: dict[int, float], total: float, per_gpu: bool) -> None:
+    """Node separators, one tick per GPU type block (or per node on small clusters), labels and limits."""
+    if len(topology.nodes) <= NODE_LINES_MAX:
+        for node in topology.nodes:
+            ax.axhline(first[node.index], color="grey", linewidth=0.3)
+    ticks: list[float] = []
+    names: list[str] = []
+    for node in topology.nodes:
+        if not names or names[-1] != node.gpu.name:
+            ticks.append(first[node.index])
+            names.append(node.gpu.name)
+            ax.axhline(first[node.index], color="black", linewidth=0.8)
+    ax.set_yticks(ticks)
+    ax.set_yticklabels(names, fontsize=7, va="bottom")
+    ax.set_ylim(0, max(total, 1.0))
     ax.set_xlabel("time (h)")
-    ax.set_ylabel("GPUs (grouped by node)")
-    ax.set_title(f"{schedule.solver}: {schedule.status}")
+    ax.set_ylabel("GPUs (grouped by node)" if per_gpu else "nodes (a node's GPUs split its row)")
+
+
+def save(fig: Figure, path: Path) -> Path:
+    """Write ``fig`` to ``path`` (PNG), creating parent directories, and close it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def schedule_bars(schedule: Schedule) -> list[Bar]:
+    return [
+        Bar(job=a.job, nodes=a.nodes, per_node=a.option.gpus_per_node, start_s=a.start_s, end_s=a.end_s)
+        for a in schedule.assignments
+    ]
+
+
+def schedule_figure(problem: SchedulingProblem, schedule: Schedule) -> Figure:
+    """A solver's schedule, coloured by the problem's jobs (the same colours for every solver)."""
+    return gantt_figure(
+        schedule_bars(schedule),
+        problem.topology,
+        f"{schedule.solver} ({schedule.status})",
+        jobs=[job.id for job in problem.jobs],
+    )
+
+
+def plot_schedule(problem: SchedulingProblem, schedule: Schedule, path: Path) -> Path:
+    """Write :func:`schedule_figure` to ``path`` (PNG)."""
+    return save(schedule_figure(problem, schedule), path)
+
+
+def result_bars(result: SimResult) -> list[Bar]:
+    return [
+        Bar(job=s.job, nodes=s.nodes, per_node=s.per_node, start_s=s.start_s, end_s=s.end_s) for s in result.segments()
+    ]
+
+
+def plot_sim_gantt(result: SimResult, topology: Topology, path: Path, max_segments: int = 3000) -> Path:
+    """Write the chart of a simulation's segments (at most the first ``max_segments``) to ``path`` (PNG),
+    coloured by all of the simulation's jobs."""
+    figure = gantt_figure(result_bars(result), topology, result.policy, jobs=result.jobs, max_bars=max_segments)
+    return save(figure, path)

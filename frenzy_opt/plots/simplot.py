@@ -1,4 +1,5 @@
-"""Plots of simulator results (matplotlib, headless): JCT CDFs, GPU utilization over time, Gantt charts."""
+"""Plots of simulator results (matplotlib, headless): JCT CDFs and GPU utilization over time (the Gantt chart is
+:mod:`frenzy_opt.plots.gantt`). Each ``*_figure`` builds the figure, each ``plot_*`` writes it."""
 
 from __future__ import annotations
 
@@ -10,27 +11,16 @@ from numpy.typing import NDArray
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
-from matplotlib.collections import PolyCollection
 from matplotlib.figure import Figure
 
-from frenzy_opt.hardware.topology import Topology
-from frenzy_opt.simulation.simulator import Segment, SimResult
+from frenzy_opt.plots.gantt import MAX_FIGURE_HEIGHT_IN, save
+from frenzy_opt.simulation.simulator import SimResult
 
 DEFAULT_POINTS = 400
-MAX_FIGURE_HEIGHT_IN = 30.0
 
 
-def _save(fig: Figure, path: Path) -> Path:
-    """Write ``fig`` to ``path`` (PNG), creating parent directories, and close it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
-
-
-def plot_jct_cdf(results: list[SimResult], path: Path, title: str = "") -> Path:
-    """Write the empirical CDF of job completion time (hours, log x) of each policy to ``path`` (PNG)."""
+def jct_cdf_figure(results: list[SimResult], title: str = "") -> Figure:
+    """The empirical CDF of job completion time (hours, log x), one line per policy."""
     fig, ax = plt.subplots(figsize=(8, 5))
     any_positive = False
     for result in results:
@@ -50,7 +40,12 @@ def plot_jct_cdf(results: list[SimResult], path: Path, title: str = "") -> Path:
     ax.grid(True, which="both", linewidth=0.3)
     if results:
         ax.legend(fontsize=8)
-    return _save(fig, path)
+    return fig
+
+
+def plot_jct_cdf(results: list[SimResult], path: Path, title: str = "") -> Path:
+    """Write :func:`jct_cdf_figure` to ``path`` (PNG)."""
+    return save(jct_cdf_figure(results, title), path)
 
 
 def utilization_series(result: SimResult, step_s: float | None = None) -> tuple[list[float], dict[str, list[float]]]:
@@ -90,8 +85,8 @@ def _held_at(times: NDArray[np.float64], weights: NDArray[np.int64], grid: NDArr
     return cumulative[np.searchsorted(times[order], grid, side="right")]
 
 
-def plot_utilization(results: list[SimResult], path: Path) -> Path:
-    """Write one subplot per policy (shared x, hours) with the busy fraction of each GPU type over time."""
+def utilization_figure(results: list[SimResult]) -> Figure:
+    """One subplot per policy (shared x, hours) with the busy fraction of each GPU type over time."""
     if not results:
         raise ValueError("plot_utilization needs at least one result")
     height = min(MAX_FIGURE_HEIGHT_IN, max(3.0, 2.5 * len(results)))
@@ -114,71 +109,9 @@ def plot_utilization(results: list[SimResult], path: Path) -> Path:
         if fractions:
             ax.legend(fontsize=7, loc="upper right")
     axes[-1, 0].set_xlabel("time (h)")
-    return _save(fig, path)
+    return fig
 
 
-def _runs(slots: list[int]) -> list[tuple[int, int]]:
-    """Consecutive runs ``(first, length)`` of sorted slot numbers."""
-    runs: list[tuple[int, int]] = []
-    for k in slots:
-        if runs and runs[-1][0] + runs[-1][1] == k:
-            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
-        else:
-            runs.append((k, 1))
-    return runs
-
-
-def plot_sim_gantt(result: SimResult, topology: Topology, path: Path, max_segments: int = 3000) -> Path:
-    """Write a Gantt chart of ``result`` to ``path`` (PNG): GPUs stacked node by node, one colour per job;
-    at most the first ``max_segments`` segments by start time."""
-    rows, y = {}, 0
-    for node in topology.nodes:
-        rows[node.index] = y
-        y += node.num_gpus
-    total = y
-    every = result.segments()
-    segments: list[Segment] = every[:max_segments]
-    cmap = plt.get_cmap("tab20")
-    colours: dict[str, int] = {}
-    free_at = {n.index: [0.0] * n.num_gpus for n in topology.nodes}
-    verts: list[list[tuple[float, float]]] = []
-    faces: list[tuple[float, float, float, float]] = []
-    fig, ax = plt.subplots(figsize=(12, min(MAX_FIGURE_HEIGHT_IN, max(3.0, total * 0.12))))
-    label = len(segments) <= 100
-    for seg in segments:
-        colour = cmap(colours.setdefault(seg.job, len(colours)) % 20)
-        x0, x1 = seg.start_s / 3600, seg.end_s / 3600
-        for index in seg.nodes:
-            slots = [k for k, t in enumerate(free_at[index]) if t <= seg.start_s][: seg.per_node]
-            for k in slots:
-                free_at[index][k] = seg.end_s
-            for first, length in _runs(slots):
-                y0, y1 = rows[index] + first, rows[index] + first + length
-                verts.append([(x0, y0), (x1, y0), (x1, y1), (x0, y1)])
-                faces.append(colour)
-            if label and slots:
-                middle = rows[index] + (slots[0] + slots[-1] + 1) / 2
-                ax.text((x0 + x1) / 2, middle, seg.job, ha="center", va="center", fontsize=6)
-    ax.add_collection(PolyCollection(verts, facecolors=faces, edgecolors="none"))
-    if len(topology.nodes) <= 256:
-        for node in topology.nodes:
-            ax.axhline(rows[node.index], color="grey", linewidth=0.3)
-    ticks: list[int] = []
-    names: list[str] = []
-    for node in topology.nodes:
-        if not names or names[-1] != node.gpu.name:
-            ticks.append(rows[node.index])
-            names.append(node.gpu.name)
-            ax.axhline(rows[node.index], color="black", linewidth=0.8)
-    ax.set_yticks(ticks)
-    ax.set_yticklabels(names, fontsize=7, va="bottom")
-    ax.set_ylim(0, max(total, 1))
-    last_h = max((s.end_s for s in segments), default=0.0) / 3600
-    ax.set_xlim(0, last_h if last_h > 0 else 1.0)
-    ax.set_xlabel("time (h)")
-    ax.set_ylabel("GPUs (grouped by node)")
-    if len(every) > len(segments):
-        ax.set_title(f"{result.policy}: only the first {len(segments)} of {len(every)} segments (by start time) shown")
-    else:
-        ax.set_title(f"{result.policy}: {len(every)} segments of {len(colours)} jobs")
-    return _save(fig, path)
+def plot_utilization(results: list[SimResult], path: Path) -> Path:
+    """Write :func:`utilization_figure` to ``path`` (PNG)."""
+    return save(utilization_figure(results), path)

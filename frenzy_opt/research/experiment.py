@@ -26,7 +26,8 @@ from typing import Any
 from frenzy_opt.hardware.topology import Topology
 from frenzy_opt.planning.problem import OptionCache
 from frenzy_opt.planning.scenario import Scenario, load_scenario
-from frenzy_opt.plots.simplot import plot_jct_cdf, plot_sim_gantt, plot_utilization
+from frenzy_opt.plots.gantt import plot_sim_gantt
+from frenzy_opt.plots.simplot import plot_jct_cdf, plot_utilization
 from frenzy_opt.research.stats import PairedDifference, ci95_half_width, mean, paired_ci95, relative_reductions
 from frenzy_opt.simulation.simulator import (
     Failures,
