@@ -19,6 +19,7 @@ from rich.console import Console
 from rich.progress import Progress, TaskID
 from rich.table import Table
 
+from frenzy_opt import __version__, client
 from frenzy_opt.core.spec import load_job
 from frenzy_opt.hardware.gpus import load_gpus, resolve_gpu
 from frenzy_opt.models.catalog import load_catalog
@@ -1097,6 +1098,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="frenzy", description="Memory-aware scheduling of LLM training jobs.")
+    parser.add_argument("--version", action="version", version=f"frenzy-opt {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     def add(name: str, help_text: str, func: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:
@@ -1231,6 +1233,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("run", "plan every job of a scenario (default: the embedded default scenario)", cmd_run)
     p.add_argument("scenario", nargs="?", default=DEFAULT_SCENARIO, help="scenario file or shipped name")
     p.add_argument("--top", type=int, default=3, help="plans kept per job in --json output (default 3)")
+    client.add_commands(sub)
     return parser
 
 

@@ -29,6 +29,7 @@ LAYERS = {
     "frenzy_opt.service": 7,
     "frenzy_opt.research": 7,
     "frenzy_opt.api": 8,
+    "frenzy_opt.client": 9,
     "frenzy_opt.cli": 9,
 }
 

@@ -1,0 +1,320 @@
+"""The client of a running service (``frenzy serve``): ``submit``, ``jobs``, ``status``, ``cancel``, ``logs``
+and ``usage``, the everyday commands of Slurm (``sbatch``, ``squeue``, ``scontrol show job``, ``scancel``,
+``sacct``) over the HTTP API.
+
+The server and token come from ``--server``/``--token``, else ``FRENZY_SERVER``/``FRENZY_TOKEN``, else the
+config file (``$FRENZY_CONFIG``, default ``~/.frenzy/client.yaml``: ``{server: URL, token: TOKEN}``), else
+``http://127.0.0.1:8000`` without a token (a service in local mode). Tables by default, ``--json`` for
+scripts. An unreachable server or a refused token is a one-line error naming what to fix (exit status 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import yaml
+
+from frenzy_opt.core.spec import load_mapping
+from frenzy_opt.planning.scenario import resolve as resolve_file
+
+DEFAULT_SERVER = "http://127.0.0.1:8000"
+CONFIG_ENV = "FRENZY_CONFIG"
+DEFAULT_CONFIG = Path("~/.frenzy/client.yaml")
+ACTIVE = ("queued", "scheduled", "running")
+PAGE = 200
+TIMEOUT_S = 30.0
+
+
+class ClientError(Exception):
+    """What went wrong talking to the service, in words a user can act on."""
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    server: str
+    token: str | None
+
+
+def config_path() -> Path:
+    return Path(os.environ.get(CONFIG_ENV) or DEFAULT_CONFIG).expanduser()
+
+
+def resolve(server: str | None, token: str | None) -> Target:
+    """Flags first, then the environment, then the config file, then the local default."""
+    config: dict[str, Any] = {}
+    path = config_path()
+    if path.is_file():
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        if not isinstance(loaded, dict) or set(loaded) - {"server", "token"}:
+            raise ClientError(f"{path}: expected a mapping with the keys server and token")
+        config = loaded
+    chosen = server or os.environ.get("FRENZY_SERVER") or config.get("server") or DEFAULT_SERVER
+    return Target(
+        server=str(chosen).rstrip("/"),
+        token=token or os.environ.get("FRENZY_TOKEN") or config.get("token"),
+    )
+
+
+def connect(target: Target) -> httpx.Client:
+    return httpx.Client(base_url=target.server, timeout=TIMEOUT_S)
+
+
+class Client:
+    """The service's ``/v1`` API. ``http`` replaces the connection (tests pass an ASGI test client)."""
+
+    def __init__(self, target: Target, http: httpx.Client | None = None) -> None:
+        self.target = target
+        self.headers = {"Authorization": f"Bearer {target.token}"} if target.token else {}
+        self.http = http or connect(target)
+
+    def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = self.http.request(method, path, headers=self.headers, **kwargs)
+        except httpx.TransportError as err:
+            raise ClientError(
+                f"cannot reach the frenzy service at {self.target.server} ({err.__class__.__name__}: {err}); "
+                "start one with `frenzy serve` or point --server / FRENZY_SERVER at it"
+            ) from None
+        if response.status_code >= 400:
+            raise ClientError(_refusal(response, self.target))
+        return response
+
+    def submit(self, spec: dict[str, Any]) -> dict[str, Any]:
+        result: dict[str, Any] = self._request("POST", "/v1/jobs", json=spec).json()
+        return result
+
+    def jobs(self, state: str | None = None) -> list[dict[str, Any]]:
+        """Every visible job (of one state), paging through the list."""
+        items: list[dict[str, Any]] = []
+        offset: int | None = 0
+        while offset is not None:
+            params: dict[str, Any] = {"limit": PAGE, "offset": offset}
+            if state:
+                params["state"] = state
+            page = self._request("GET", "/v1/jobs", params=params).json()
+            items += page["items"]
+            offset = page.get("next_offset")
+        return items
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._request("GET", f"/v1/jobs/{job_id}").json()
+        return result
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        result: dict[str, Any] = self._request("POST", f"/v1/jobs/{job_id}/cancel").json()
+        return result
+
+    def logs(self, job_id: str, follow: bool = False) -> Iterator[str]:
+        """The job's output lines; with ``follow``, streamed until the job ends."""
+        params = {"follow": 1} if follow else {}
+        try:
+            logs = f"/v1/jobs/{job_id}/logs"
+            with self.http.stream("GET", logs, params=params, headers=self.headers, timeout=None) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    raise ClientError(_refusal(response, self.target))
+                yield from response.iter_lines()
+        except httpx.TransportError as err:
+            raise ClientError(f"lost the frenzy service at {self.target.server} ({err})") from None
+
+    def usage(self, since_s: float | None = None) -> dict[str, Any]:
+        params = {"since": since_s} if since_s is not None else {}
+        result: dict[str, Any] = self._request("GET", "/v1/usage", params=params).json()
+        return result
+
+
+def _refusal(response: httpx.Response, target: Target) -> str:
+    try:
+        detail = response.json().get("detail", response.text)
+    except ValueError:
+        detail = response.text
+    if isinstance(detail, list):  # pydantic's list of field errors
+        detail = "; ".join(f"{'.'.join(str(p) for p in d.get('loc', ()))}: {d.get('msg')}" for d in detail)
+    code = response.status_code
+    if code == 401:
+        hint = "no token given" if target.token is None else "the token is not known to the service"
+        return f"the service at {target.server} refused the request (401: {hint}); set --token or FRENZY_TOKEN"
+    return f"{response.request.method} {response.request.url.path}: {code} {detail}"
+
+
+# -- rendering --------------------------------------------------------------------------------------------
+
+
+def _gpus(job: dict[str, Any]) -> str:
+    placement = job.get("placement") or {}
+    plan = job.get("plan") or {}
+    gpu_type = placement.get("gpu_type") or plan.get("gpu_type")
+    count = placement.get("num_gpus") or plan.get("num_gpus")
+    return f"{count} x {gpu_type}" if gpu_type and count else "-"
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = max(seconds, 0.0)
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def _where(job: dict[str, Any]) -> str:
+    """A queued job's position and expected start, a running job's progress, else the reason."""
+    if job["state"] == "queued" and job.get("queue_position") is not None:
+        eta = job.get("estimated_start_in_s")
+        return f"#{job['queue_position']}, starts in {_duration(eta) if eta is not None else 'unknown'}"
+    progress = job.get("progress") or {}
+    if job["state"] == "running" and progress.get("step") is not None:
+        total = progress.get("steps") or progress.get("train_steps")
+        done = f"step {progress['step']}" + (f"/{total}" if total else "")
+        return done + (f", {progress['step_time_s']:.2f} s/step" if progress.get("step_time_s") else "")
+    return str(job.get("reason") or "")
+
+
+def table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    lines = [
+        "  ".join(str(cell).ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in [header, *rows]
+    ]
+    return "\n".join(lines)
+
+
+def jobs_table(jobs: list[dict[str, Any]]) -> str:
+    rows = [(j["id"], j["name"], j["tenant"], j["state"], _gpus(j), _where(j)) for j in jobs]
+    return table(rows, ("ID", "NAME", "TENANT", "STATE", "GPUS", "WHERE"))
+
+
+def status_text(job: dict[str, Any]) -> str:
+    lines = [
+        f"{job['id']}  {job['name']}  ({job['tenant']})",
+        f"state: {job['state']}  attempts: {job['attempts']}/{job['max_retries'] + 1}  gpus: {_gpus(job)}",
+    ]
+    if _where(job):
+        lines.append(f"now: {_where(job)}")
+    parallel = (job.get("plan") or {}).get("parallel")
+    if parallel:
+        lines.append("plan: " + ", ".join(f"{k}={v}" for k, v in parallel.items()))
+    for label, key in (("predicted", "predicted"), ("measured", "measured")):
+        if job.get(key):
+            lines.append(f"{label}: " + json.dumps(job[key], sort_keys=True))
+    for event in job.get("history") or []:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(event["at"]))
+        lines.append(f"  {when}  {event['state']:<10} {event['detail']}")
+    return "\n".join(lines)
+
+
+def usage_table(usage: dict[str, Any]) -> str:
+    rows = [
+        (r["tenant"], r["gpu_type"], f"{r['gpu_hours']:.2f}", str(r.get("jobs", ""))) for r in usage.get("rows", [])
+    ]
+    return table(rows, ("TENANT", "GPU TYPE", "GPU-HOURS", "JOBS"))
+
+
+# -- commands ---------------------------------------------------------------------------------------------
+
+
+def _client(args: argparse.Namespace) -> Client:
+    return Client(resolve(args.server, args.token))
+
+
+def _print(args: argparse.Namespace, payload: Any, text: Callable[[Any], str]) -> None:
+    print(json.dumps(payload, indent=2) if args.json else text(payload))
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    spec = load_mapping(resolve_file(args.job))
+    job = _client(args).submit(spec)
+    _print(args, job, lambda j: f"submitted {j['id']} ({j['name']}): {j['state']} {_where(j)}".rstrip())
+    return 0
+
+
+def cmd_jobs(args: argparse.Namespace) -> int:
+    jobs = _client(args).jobs(args.state)
+    if not args.all and not args.state:
+        jobs = [j for j in jobs if j["state"] in ACTIVE]
+    _print(args, {"jobs": jobs}, lambda p: jobs_table(p["jobs"]))
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    _print(args, _client(args).job(args.id), status_text)
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    _print(args, _client(args).cancel(args.id), lambda j: f"{j['id']}: {j['state']}")
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    for line in _client(args).logs(args.id, follow=args.follow):
+        print(line, flush=True)
+    return 0
+
+
+def cmd_usage(args: argparse.Namespace) -> int:
+    since = None if args.since is None else time.time() - parse_duration(args.since)
+    _print(args, _client(args).usage(since), usage_table)
+    return 0
+
+
+def parse_duration(text: str) -> float:
+    """``90s``, ``30m``, ``12h``, ``7d`` (or plain seconds) as seconds."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    raw = text.strip().lower()
+    scale = units.get(raw[-1:])
+    number = raw[:-1] if scale else raw
+    try:
+        value = float(number) * (scale or 1)
+    except ValueError:
+        raise ValueError(f"--since: {text!r} is not a duration; allowed: a number with s, m, h or d") from None
+    if value < 0:
+        raise ValueError(f"--since: {text!r} is negative")
+    return value
+
+
+def add_commands(sub: Any) -> None:
+    """The client commands, each with ``--server``, ``--token`` and ``--json``."""
+
+    def parser(name: str, help_text: str, func: Callable[[argparse.Namespace], int]) -> argparse.ArgumentParser:
+        p: argparse.ArgumentParser = sub.add_parser(name, help=help_text)
+        p.add_argument("--server", help=f"service URL (else FRENZY_SERVER, the config file, {DEFAULT_SERVER})")
+        p.add_argument("--token", help="bearer token (else FRENZY_TOKEN or the config file)")
+        p.add_argument("--json", action="store_true", help="print JSON")
+        p.set_defaults(func=_guarded(func))
+        return p
+
+    parser("submit", "submit a job spec to a running service", cmd_submit).add_argument(
+        "job", help="a job spec file (YAML or JSON) or a shipped name (job-tiny)"
+    )
+    p = parser("jobs", "the queue (position, ETA) and running jobs (progress)", cmd_jobs)
+    p.add_argument("--state", choices=("queued", "scheduled", "running", "succeeded", "failed", "cancelled"))
+    p.add_argument("--all", action="store_true", help="finished jobs too")
+    parser("status", "one job: state, plan, predicted vs measured, history", cmd_status).add_argument("id")
+    parser("cancel", "cancel a queued or running job", cmd_cancel).add_argument("id")
+    p = parser("logs", "a job's output", cmd_logs)
+    p.add_argument("id")
+    p.add_argument("--follow", "-f", action="store_true", help="stream until the job ends")
+    p = parser("usage", "GPU-hours per tenant and GPU type", cmd_usage)
+    p.add_argument("--since", help="only this recent history: 90s, 30m, 12h, 7d")
+
+
+def _guarded(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return func(args)
+        except ClientError as err:
+            print(f"frenzy {args.command}: {err}", file=sys.stderr)
+            return 1
+
+    return run

@@ -1,0 +1,167 @@
+"""The client commands (``frenzy submit|jobs|status|cancel|logs|usage``) against the real app: tables and
+``--json``, server and token resolution, and the errors a user sees when the server is down or refuses."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from frenzy_opt import client as client_module
+from frenzy_opt.api.app import ServiceConfig, create_app
+from frenzy_opt.api.auth import parse_tenants
+from frenzy_opt.cli import main
+from frenzy_opt.client import Target, parse_duration, resolve
+from frenzy_opt.launch.executors.simulated import SimulatedExecutor
+from frenzy_opt.planning.scenario import load_cluster_ref
+
+TOKEN_A, TOKEN_ADMIN = "token-team-a", "token-admin-1"
+TENANTS = {"tokens": [{"token": TOKEN_A, "tenant": "team-a"}, {"token": TOKEN_ADMIN, "tenant": "ops", "admin": True}]}
+SMALL = {"model": "gpt3-125m", "training": {"seq_len": 1024, "global_batch_size": 32, "train_steps": 50}}
+LONG = {"model": "llama3-8b", "training": {"seq_len": 4096, "global_batch_size": 512, "train_steps": 100_000}}
+
+
+@pytest.fixture
+def service(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClient]:
+    """A live app (simulated executor, wall-clock speed: a long job stays running) that every client command
+    talks to in place of a socket."""
+    for name in ("FRENZY_SERVER", "FRENZY_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("FRENZY_CONFIG", str(tmp_path / "absent.yaml"))
+    cluster = load_cluster_ref("paper-3type")
+    config = ServiceConfig(
+        cluster=cluster,
+        db_url=f"sqlite:///{tmp_path / 'jobs.db'}",
+        executor=SimulatedExecutor(time_scale=1.0),
+        tenants=parse_tenants(TENANTS, [g.name for g in cluster.gpu_types()]),
+        decision_wait_s=5.0,
+    )
+    with TestClient(create_app(config)) as http:
+        seen: list[Target] = []
+
+        def connect(target: Target) -> TestClient:
+            seen.append(target)
+            return http
+
+        monkeypatch.setattr(client_module, "connect", connect)
+        http.targets = seen  # type: ignore[attr-defined]
+        yield http
+
+
+def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _job_file(tmp_path: Path, spec: dict[str, Any], name: str) -> str:
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps({"name": name, **spec}), encoding="utf-8")
+    return str(path)
+
+
+def test_submit_jobs_status_cancel(service: TestClient, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    auth = ("--token", TOKEN_A)
+    code, out, _ = _run(capsys, "submit", _job_file(tmp_path, LONG, "long-one"), *auth, "--json")
+    assert code == 0
+    job = json.loads(out)
+    assert job["name"] == "long-one" and job["tenant"] == "team-a" and job["state"] in ("queued", "running")
+
+    code, out, _ = _run(capsys, "jobs", *auth)
+    assert code == 0
+    header, *rows = out.strip().splitlines()
+    assert header.split() == ["ID", "NAME", "TENANT", "STATE", "GPUS", "WHERE"]
+    assert len(rows) == 1 and rows[0].split()[:3] == [job["id"], "long-one", "team-a"]
+
+    code, out, _ = _run(capsys, "status", job["id"], *auth)
+    assert code == 0 and out.startswith(f"{job['id']}  long-one  (team-a)") and "state:" in out
+
+    code, out, _ = _run(capsys, "cancel", job["id"], *auth, "--json")
+    assert code == 0 and json.loads(out)["state"] == "cancelled"
+    # A finished job leaves the default listing (the queue and running jobs) and stays under --all.
+    assert _run(capsys, "jobs", *auth, "--json")[1] and json.loads(_run(capsys, "jobs", *auth, "--json")[1]) == {
+        "jobs": []
+    }
+    everything = json.loads(_run(capsys, "jobs", *auth, "--all", "--json")[1])["jobs"]
+    assert [j["id"] for j in everything] == [job["id"]]
+    cancelled = json.loads(_run(capsys, "jobs", *auth, "--state", "cancelled", "--json")[1])["jobs"]
+    assert [j["state"] for j in cancelled] == ["cancelled"]
+
+
+def test_a_shipped_job_name_submits(service: TestClient, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = _run(capsys, "submit", "job-tiny", "--token", TOKEN_A)
+    assert code == 0 and out.startswith("submitted ")
+
+
+def test_a_refused_token_and_an_unknown_job_are_one_line_errors(
+    service: TestClient, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = _run(capsys, "jobs", "--token", "not-a-token")
+    assert code == 1 and out == ""
+    assert "refused the request (401: the token is not known to the service)" in err and err.count("\n") == 1
+    code, _, err = _run(capsys, "jobs")
+    assert code == 1 and "401: no token given" in err
+    code, _, err = _run(capsys, "status", "no-such-job", "--token", TOKEN_A)
+    assert code == 1 and "404" in err
+
+
+def test_the_tenant_sees_only_its_own_jobs(
+    service: TestClient, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _run(capsys, "submit", _job_file(tmp_path, SMALL, "mine"), "--token", TOKEN_A)
+    _run(capsys, "submit", _job_file(tmp_path, SMALL, "theirs"), "--token", TOKEN_ADMIN)
+    mine = json.loads(_run(capsys, "jobs", "--all", "--json", "--token", TOKEN_A)[1])["jobs"]
+    every = json.loads(_run(capsys, "jobs", "--all", "--json", "--token", TOKEN_ADMIN)[1])["jobs"]
+    assert [j["name"] for j in mine] == ["mine"]
+    assert sorted(j["name"] for j in every) == ["mine", "theirs"]
+
+
+def test_server_and_token_come_from_flags_then_environment_then_config(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = tmp_path / "client.yaml"
+    config.write_text("server: http://config:1/\ntoken: from-config\n", encoding="utf-8")
+    monkeypatch.setenv("FRENZY_CONFIG", str(config))
+    monkeypatch.delenv("FRENZY_SERVER", raising=False)
+    monkeypatch.delenv("FRENZY_TOKEN", raising=False)
+    assert resolve(None, None) == Target("http://config:1", "from-config")
+    monkeypatch.setenv("FRENZY_SERVER", "http://env:2")
+    monkeypatch.setenv("FRENZY_TOKEN", "from-env")
+    assert resolve(None, None) == Target("http://env:2", "from-env")
+    assert resolve("http://flag:3", "from-flag") == Target("http://flag:3", "from-flag")
+    config.write_text("server: [1]\nother: 2\n", encoding="utf-8")
+    with pytest.raises(client_module.ClientError, match="server and token"):
+        resolve(None, None)
+    monkeypatch.setenv("FRENZY_CONFIG", str(tmp_path / "none.yaml"))
+    monkeypatch.delenv("FRENZY_SERVER")
+    monkeypatch.delenv("FRENZY_TOKEN")
+    assert resolve(None, None) == Target("http://127.0.0.1:8000", None)
+
+
+def test_an_unreachable_server_names_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from frenzy_opt.core.machine import free_port
+
+    monkeypatch.setenv("FRENZY_CONFIG", str(tmp_path / "none.yaml"))
+    server = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    code, out, err = _run(capsys, "jobs", "--server", server)
+    assert code == 1 and out == ""
+    assert f"cannot reach the frenzy service at {server}" in err and "frenzy serve" in err
+
+
+def test_durations() -> None:
+    assert [parse_duration(t) for t in ("90s", "30m", "12h", "7d", "15")] == [90, 1800, 43200, 604800, 15]
+    for bad in ("soon", "-3h", "h"):
+        with pytest.raises(ValueError, match="--since"):
+            parse_duration(bad)
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as stop:
+        main(["--version"])
+    assert stop.value.code == 0 and capsys.readouterr().out.startswith("frenzy-opt ")
