@@ -64,6 +64,7 @@ from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
 
+from frenzy_opt.hardware.placement import can_host
 from frenzy_opt.planning.problem import Assignment, Schedule, SchedulingProblem, check_schedule
 from frenzy_opt.solvers.base import register
 
@@ -177,7 +178,7 @@ def build_model(
             nodes = [
                 n
                 for n in topology.nodes_of(option.gpu_type)
-                if topology.nodes[n].num_gpus >= option.num_gpus or option.whole_nodes
+                if can_host(option, topology.nodes[n].num_gpus, topology.node_size(option.gpu_type))
             ]
             placed = []
             for n in nodes:

@@ -46,10 +46,9 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from itertools import islice
 from typing import Any, Protocol
 
-from frenzy_opt.hardware.topology import Topology
+from frenzy_opt.hardware.placement import FreeIndex, choose
 from frenzy_opt.planning.problem import Assignment, Option, ProblemJob, Schedule, SchedulingProblem
 from frenzy_opt.solvers.base import register
 
@@ -109,44 +108,13 @@ class Move:
     max_duration_s: float = float("inf")
 
 
-class _FreeIndex:
-    """Free GPUs per node of one GPU type, bucketed by free count."""
-
-    def __init__(self, topology: Topology, gpu_type: str) -> None:
-        self.size = max(topology.nodes[i].num_gpus for i in topology.nodes_of(gpu_type))
-        self.free = {i: topology.nodes[i].num_gpus for i in topology.nodes_of(gpu_type)}
-        self.buckets: list[set[int]] = [set() for _ in range(self.size + 1)]
-        for i, left in self.free.items():
-            self.buckets[left].add(i)
-        self.count = sum(self.free.values())
-        """Free GPUs of the type in all."""
-
-    def change(self, node: int, delta: int) -> None:
-        self.count += delta
-        left = self.free[node]
-        self.buckets[left].discard(node)
-        self.free[node] = left + delta
-        self.buckets[left + delta].add(node)
-
-    def fit(self, option: Option) -> tuple[int, ...] | None:
-        if option.whole_nodes == 0:
-            for left in range(option.num_gpus, self.size + 1):  # best fit: the tightest node that fits
-                if self.buckets[left]:
-                    return (min(self.buckets[left]),)
-            return None
-        empty = self.buckets[self.size]
-        if len(empty) < option.whole_nodes:
-            return None
-        return tuple(sorted(empty)[: option.whole_nodes])
-
-
 class _Horizon:
     """When a placement shape of one GPU type can start: the type's running jobs in end order and, after
     each end, the largest free block on one node and the number of wholly free nodes (both only grow, so a
     shape's earliest start is a binary search). Extended lazily: a decision walks only as far as its
     queries need."""
 
-    def __init__(self, index: _FreeIndex, runs: list[tuple[float, int, _Running]]) -> None:
+    def __init__(self, index: FreeIndex, runs: list[tuple[float, int, _Running]]) -> None:
         self.index, self.runs, self.pos = index, runs, 0
         self.freed: dict[int, int] = {}
         self.block = max((left for left in range(index.size + 1) if index.buckets[left]), default=0)
@@ -207,13 +175,10 @@ class _Reservation:
         self.counts = [0] * (size + 1)
         for left, many in Counter(free.values()).items():
             self.counts[left] = many
-        if option.whole_nodes == 0:
-            best = next(v for v in range(option.num_gpus, size + 1) if self.counts[v])  # best fit
-            node = next(n for n, left in free.items() if left == best)
-            self._set(node, best - option.num_gpus)
-        else:
-            for n in list(islice((n for n, left in free.items() if left == size), option.whole_nodes)):
-                self._set(n, 0)
+        nodes = choose(option, free, size)
+        assert nodes is not None  # the reserved start is when the option fits
+        for n in nodes:
+            self._set(n, free[n] - option.gpus_per_node)
         self._fits: dict[tuple[int, int], bool] = {}
 
     def _set(self, node: int, left: int) -> None:
@@ -296,7 +261,7 @@ class GreedyState:
     """The online scheduler's state: free GPUs, running jobs, the queue."""
 
     problem: SchedulingProblem
-    free: dict[str, _FreeIndex] = field(init=False)
+    free: dict[str, FreeIndex] = field(init=False)
     capacity: dict[str, int] = field(init=False)
     running: list[tuple[float, int, _Running]] = field(default_factory=list)
     queue: dict[str, ProblemJob] = field(default_factory=_Queue)
@@ -332,7 +297,10 @@ class GreedyState:
     def __post_init__(self) -> None:
         if not isinstance(self.queue, _Queue):
             self.queue = _Queue(self.queue)
-        self.free = {t: _FreeIndex(self.problem.topology, t) for t in self.problem.topology.gpu_types}
+        topology = self.problem.topology
+        self.free = {
+            t: FreeIndex({i: topology.nodes[i].num_gpus for i in topology.nodes_of(t)}) for t in topology.gpu_types
+        }
         self.capacity = {t: self.problem.topology.num_gpus_of(t) for t in self.problem.topology.gpu_types}
         for busy in self.problem.busy:
             gpu_type = self.problem.topology.nodes[busy.node].gpu.name

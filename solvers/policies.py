@@ -27,6 +27,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import replace
 
+from frenzy_opt.hardware.placement import choose, refusal
 from frenzy_opt.planning.problem import Option, ProblemJob, SchedulingProblem, thin_fronts
 from frenzy_opt.simulation.simulator import Action, SimJob, SimulationError, Simulator, Start, Stop
 from frenzy_opt.solvers.cpsat import CpSatSolver
@@ -62,15 +63,8 @@ def place(sim: Simulator, option: Option, free: list[int] | None = None) -> tupl
     """Where ``option`` fits now on the simulator's ledger (or on ``free``, a copy a policy plans on):
     inside one node by best fit, else the lowest-numbered whole free nodes; None if it does not fit."""
     left = sim.free if free is None else free
-    nodes = sim.topology.nodes_of(option.gpu_type)
-    if option.whole_nodes == 0:
-        best = -1
-        for n in nodes:
-            if sim.up[n] and left[n] >= option.num_gpus and (best < 0 or left[n] < left[best]):
-                best = n
-        return None if best < 0 else (best,)
-    empty = [n for n in nodes if sim.up[n] and left[n] == sim.topology.nodes[n].num_gpus]
-    return tuple(empty[: option.whole_nodes]) if len(empty) >= option.whole_nodes else None
+    up = {n: left[n] for n in sim.topology.nodes_of(option.gpu_type) if sim.up[n]}
+    return choose(option, up, sim.topology.node_size(option.gpu_type))
 
 
 class _Base:
@@ -412,8 +406,5 @@ class OptimalPolicy(_Base):
 
     def _fits(self, option: Option, nodes: tuple[int, ...], free: list[int]) -> bool:
         assert self.sim is not None
-        full = [self.sim.topology.nodes[n].num_gpus for n in nodes]
-        return all(
-            self.sim.up[n] and free[n] >= option.gpus_per_node and (not option.whole_nodes or free[n] == size)
-            for n, size in zip(nodes, full, strict=True)
-        )
+        up = {n: free[n] for n in nodes if self.sim.up[n]}
+        return refusal(option, nodes, up, self.sim.topology.node_size(option.gpu_type)) is None

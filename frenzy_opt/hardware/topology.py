@@ -23,6 +23,7 @@ import networkx as nx
 
 from frenzy_opt.hardware.cluster import ClusterSpec
 from frenzy_opt.hardware.gpus import GpuType
+from frenzy_opt.hardware.placement import Shape, choose, whole_nodes_for
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -129,27 +130,20 @@ class Topology:
     def nodes_needed(self, gpu_type: str, num_gpus: int) -> int:
         """Whole nodes a plan of ``num_gpus`` takes (0: it fits inside one node), or -1 if the placement rule
         admits it nowhere (more than one node's worth but not a whole number of nodes)."""
-        size = max((self.nodes[i].num_gpus for i in self.nodes_of(gpu_type)), default=0)
-        if num_gpus <= size:
-            return 0
-        if num_gpus % size or num_gpus // size > len(self.nodes_of(gpu_type)):
-            return -1
-        return num_gpus // size
+        return whole_nodes_for(num_gpus, self.node_size(gpu_type), len(self.nodes_of(gpu_type)))
+
+    def node_size(self, gpu_type: str) -> int:
+        """GPUs of the type's largest node (0 if the cluster has none)."""
+        return max((self.nodes[i].num_gpus for i in self.nodes_of(gpu_type)), default=0)
 
     def best_nodes(self, gpu_type: str, num_gpus: int, free: dict[int, int]) -> list[int] | None:
-        """The nodes a plan of ``num_gpus`` GPUs should take now, or None if it cannot start.
-
-        Inside one node: best fit, the node with the fewest free GPUs that still fit (keeps large blocks
-        free). Across nodes: the required number of wholly free nodes, lowest index first.
-        """
+        """The nodes a plan of ``num_gpus`` GPUs takes now by the placement rule
+        (:mod:`frenzy_opt.hardware.placement`), or None if it cannot start."""
         whole = self.nodes_needed(gpu_type, num_gpus)
         if whole < 0:
             return None
-        if whole == 0:
-            fitting = [(left, i) for i, left in free.items() if left >= num_gpus and self.nodes[i].num_gpus >= num_gpus]
-            return [min(fitting)[1]] if fitting else None
-        empty = [i for i, left in free.items() if left == self.nodes[i].num_gpus]
-        return sorted(empty)[:whole] if len(empty) >= whole else None
+        nodes = choose(Shape(num_gpus, whole), free, self.node_size(gpu_type))
+        return None if nodes is None else list(nodes)
 
     def slowest_link_gbs(self, nodes: list[int]) -> float:
         """The slowest link (GB/s per direction) on the paths between the GPUs of a placement."""

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 
 from frenzy_opt.core.spec import JobSpec
 from frenzy_opt.hardware.cluster import ClusterSpec
+from frenzy_opt.hardware.placement import per_node
 from frenzy_opt.hardware.topology import Topology
 from frenzy_opt.planning.plans import DEFAULT_STEP_MODEL, Plan, enumerate_plans
 from frenzy_opt.planning.scenario import Scenario
@@ -39,7 +40,7 @@ class Option:
     @property
     def gpus_per_node(self) -> int:
         """GPUs the option holds on each node it is placed on."""
-        return self.num_gpus if self.whole_nodes == 0 else self.num_gpus // self.whole_nodes
+        return per_node(self)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

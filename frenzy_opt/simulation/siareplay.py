@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from frenzy_opt.core.spec import ParallelConfig
+from frenzy_opt.hardware.placement import gpus_per_node
 from frenzy_opt.hardware.topology import Topology
 from frenzy_opt.planning.plans import Plan
 from frenzy_opt.planning.problem import Option
@@ -204,17 +205,13 @@ class SiaReplayTruth:
         found = self._memo.get(key)
         if found is None:
             row = self.rows[job.id]
-            measured = self.table.batch_s(row.application, option.gpu_type, _placement(option), row.batch_size)
+            measured = self.table.batch_s(row.application, option.gpu_type, gpus_per_node(option), row.batch_size)
             assert measured is not None, f"{job.id}: option without a profile"
             found = self._memo[key] = measured * SLOWDOWN[row.application]
         return found
 
     def falls_back(self, job: SimJob, option: Option) -> bool:
         return False
-
-
-def _placement(option: Option) -> tuple[int, ...]:
-    return (option.num_gpus,) if option.whole_nodes == 0 else (option.gpus_per_node,) * option.whole_nodes
 
 
 def _option(gpu_type: str, num_gpus: int, whole_nodes: int, predicted: float) -> Option:

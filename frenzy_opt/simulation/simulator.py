@@ -43,6 +43,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from frenzy_opt.hardware.placement import refusal
 from frenzy_opt.hardware.topology import Topology
 from frenzy_opt.planning.problem import Option, OptionCache, no_option_message
 from frenzy_opt.planning.scenario import Request, Scenario
@@ -452,21 +453,17 @@ class Simulator:
             and option not in state.job.options
         ):
             raise SimulationError(f"{self.policy.name}: {action.job}: option is not one of the job's")
-        whole = option.whole_nodes
-        if len(set(action.nodes)) != len(action.nodes) or len(action.nodes) != (whole or 1):
-            raise SimulationError(
-                f"{self.policy.name}: {action.job}: {len(action.nodes)} nodes, the rule takes {whole or 1}"
-            )
-        per_node = option.gpus_per_node
         for n in action.nodes:
             node = self.topology.nodes[n]
             if node.gpu.name != option.gpu_type:
                 raise SimulationError(f"{self.policy.name}: {action.job}: node {node.name} is not {option.gpu_type}")
-            if not self.up[n] or self.free[n] < per_node or (whole and self.free[n] != node.num_gpus):
-                raise SimulationError(
-                    f"{self.policy.name}: {action.job}: node {node.name} has {self.free[n]} free GPUs "
-                    f"({'up' if self.up[n] else 'down'}), the placement needs {per_node}"
-                )
+            if not self.up[n]:
+                raise SimulationError(f"{self.policy.name}: {action.job}: node {node.name} is down")
+        size = self.topology.node_size(option.gpu_type)
+        why = refusal(option, action.nodes, {n: self.free[n] for n in action.nodes}, size)
+        if why is not None:
+            raise SimulationError(f"{self.policy.name}: {action.job}: {why}")
+        per_node = option.gpus_per_node
         for n in action.nodes:
             self.free[n] -= per_node
         del self.queue[action.job]

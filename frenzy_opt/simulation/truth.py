@@ -37,8 +37,9 @@ from typing import Any
 
 import numpy as np
 
+from frenzy_opt.hardware.placement import gpus_per_node
 from frenzy_opt.planning.problem import Option
-from frenzy_opt.simulation.profiles import Placement, ProfileTable, read_gavel_throughputs, read_sia_profiles
+from frenzy_opt.simulation.profiles import ProfileTable, read_gavel_throughputs, read_sia_profiles
 from frenzy_opt.simulation.simulator import ModelTruth, SimJob, Truth
 
 TRACES_ROOT = Path("../shared/traces")
@@ -113,11 +114,6 @@ class NoisyTruth:
         return False
 
 
-def placement_of(option: Option) -> Placement:
-    """GPUs per node of an option: one node, or ``whole_nodes`` full ones (the shared placement rule)."""
-    return (option.num_gpus,) if option.whole_nodes == 0 else (option.gpus_per_node,) * option.whole_nodes
-
-
 class ProfiledTruth:
     """Measured speed ratios of ``application`` from ``table``, anchored per job (module docstring). One
     instance per job set: anchors are kept by job id."""
@@ -135,7 +131,7 @@ class ProfiledTruth:
 
     def measured_s(self, option: Option) -> float | None:
         """The application's measured seconds per batch on the option's placement, or None."""
-        return self.table.batch_s(self.application, option.gpu_type, placement_of(option), self.batch_size)
+        return self.table.batch_s(self.application, option.gpu_type, gpus_per_node(option), self.batch_size)
 
     def anchor(self, job: SimJob) -> tuple[Option, float] | None:
         """The job's anchor option and its measured time: the request if profiled, else the profiled option
