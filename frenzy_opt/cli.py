@@ -123,7 +123,7 @@ def cmd_catalog(args: argparse.Namespace) -> int:
             for g in load_gpus().values():
                 cells = (g.bf16_tflops or "-", g.fp16_tflops, g.fp32_tflops, g.fp8_tflops or "-")
                 table.add_row(
-                    g.name, _gib(g.memory_bytes), *map(str, cells), f"{g.hbm_gbps:g}", f"{g.intra_node_gbps:g}"
+                    g.name, _gib(g.memory_bytes), *map(str, cells), f"{g.hbm_gbyte_s:g}", f"{g.intra_node_gbyte_s:g}"
                 )
             console.print(table)
 

@@ -535,7 +535,7 @@ def test_all_required_gpus_present_with_source_and_memory() -> None:
         gpu = gpus[name]
         assert gpu.source.startswith("https://"), name
         assert isinstance(gpu.memory_bytes, int) and gpu.memory_bytes > 0, name
-        assert gpu.fp32_tflops > 0 and gpu.fp16_tflops > 0 and gpu.hbm_gbps > 0, name
+        assert gpu.fp32_tflops > 0 and gpu.fp16_tflops > 0 and gpu.hbm_gbyte_s > 0, name
 
 
 def test_published_gpu_facts() -> None:
@@ -575,9 +575,9 @@ def test_intra_node_bandwidth_convention() -> None:
     # gpus.yaml: intra_node_gbps is nvlink_gbps for SXM parts, pcie_gbps for every PCIe card.
     for gpu in load_gpus().values():
         if gpu.form_factor == "sxm":
-            assert gpu.intra_node == "nvlink" and gpu.intra_node_gbps == gpu.nvlink_gbps, gpu.name
+            assert gpu.intra_node == "nvlink" and gpu.intra_node_gbyte_s == gpu.nvlink_gbyte_s, gpu.name
         else:
-            assert gpu.intra_node == "pcie" and gpu.intra_node_gbps == gpu.pcie_gbps, gpu.name
+            assert gpu.intra_node == "pcie" and gpu.intra_node_gbyte_s == gpu.pcie_gbyte_s, gpu.name
 
 
 def test_unknown_gpu_lists_names() -> None:
@@ -598,7 +598,7 @@ def test_paper_3type_cluster() -> None:
     assert len(cluster.gpu_types()) == 3
     assert {g.name for g in cluster.gpu_types()} == {"A100-SXM4-80GB", "V100-SXM2-32GB", "RTX-3090"}
     assert cluster.num_gpus_of("RTX-3090") == 16 and cluster.gpus_per_node_of("RTX-3090") == 4
-    assert cluster.inter_node_gbps == 100
+    assert cluster.inter_node_gbit_s == 100
 
 
 def test_resolve_shipped_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -59,15 +59,15 @@ def _megatron_job(heads: int, hidden: int, layers: int, tp: int, pp: int, gpus: 
     return parse_job({"model": model, "training": training, "parallel": parallel})
 
 
-def _links(gpu: str = "H100-SXM5-80GB", nics: int = 8, nic_gbps: float = 400, per_node: int = 8) -> Links:
-    return Links.for_gpu(lookup_gpu(gpu), inter_node_gbps=nics * nic_gbps, gpus_per_node=per_node)
+def _links(gpu: str = "H100-SXM5-80GB", nics: int = 8, nic_gbit_s: float = 400, per_node: int = 8) -> Links:
+    return Links.for_gpu(lookup_gpu(gpu), inter_node_gbit_s=nics * nic_gbit_s, gpus_per_node=per_node)
 
 
 @pytest.mark.parametrize("row", MEGATRON_TABLE_1, ids=[f"{r[0]}B" for r in MEGATRON_TABLE_1])
 def test_megatron_table_1_within_tolerance(row: tuple[float, ...]) -> None:
     _, heads, hidden, layers, tp, pp, gpus, batch, reference = (int(v) if i else v for i, v in enumerate(row))
     job = _megatron_job(heads, hidden, layers, tp, pp, gpus, batch)
-    links = _links("A100-SXM4-80GB", nic_gbps=200)
+    links = _links("A100-SXM4-80GB", nic_gbit_s=200)
     seconds = step_time(job, lookup_gpu("A100-SXM4-80GB"), links, shipped_model()).total_s
     # Eq. 3 of the paper: the FLOPs the published figure counts (4 forward-equivalents with recomputation).
     s, v = 2048, 51200
@@ -81,7 +81,7 @@ def test_inter_node_all_reduce_moves_two_buffers_per_node_through_the_nics() -> 
     NICs; the old model charged every GPU a 1/8 share of one node's NICs, 8x too much for pure dp."""
     links = _links()
     nbytes = 2.6 * GB  # a 1.3B model's bf16 gradients
-    nic, intra = links.nic_gbs * GB, links.intra_node_gbs * GB
+    nic, intra = links.nic_gbyte_s * GB, links.intra_node_gbyte_s * GB
     for nodes in (2, 4):
         n = 8 * nodes
         seconds = collective_s(links, nbytes, group=n, stride=1, efficiency=1.0)
@@ -98,11 +98,11 @@ def test_inter_node_all_reduce_moves_two_buffers_per_node_through_the_nics() -> 
 
 def test_nvlink_domain_larger_than_a_node_keeps_collectives_on_nvlink() -> None:
     gpu = lookup_gpu("B200-SXM-180GB")
-    trays = Links.for_gpu(gpu, inter_node_gbps=4 * 400, gpus_per_node=4)
+    trays = Links.for_gpu(gpu, inter_node_gbit_s=4 * 400, gpus_per_node=4)
     rack = replace(trays, nvlink_domain=72)
     nbytes = 4 * GB
     assert collective_s(rack, nbytes, 16, 1, 0.8) < collective_s(trays, nbytes, 16, 1, 0.8) / 2
-    ring = 2 * 15 / 16 * nbytes / (rack.intra_node_gbs * GB * 0.8)
+    ring = 2 * 15 / 16 * nbytes / (rack.intra_node_gbyte_s * GB * 0.8)
     assert collective_s(rack, nbytes, 16, 1, 0.8) == pytest.approx(ring)
 
 
@@ -118,11 +118,11 @@ def test_links_come_from_the_topology_graph() -> None:
         }
     )  # fmt: skip
     h100 = links_for(cluster, "H100-SXM5-80GB")
-    assert h100 == Links(intra_node_gbs=450.0, nic_gbs=400.0, gpus_per_node=8, nvlink_domain=8)
+    assert h100 == Links(intra_node_gbyte_s=450.0, nic_gbyte_s=400.0, gpus_per_node=8, nvlink_domain=8)
     b200 = links_for(cluster, "B200-SXM-180GB")
-    assert (b200.nic_gbs, b200.domain, b200.gpus_per_node) == (400.0, 72, 4)
+    assert (b200.nic_gbyte_s, b200.domain, b200.gpus_per_node) == (400.0, 72, 4)
     old = parse_cluster({"node_groups": [{"gpu": "T4", "gpus_per_node": 4}], "network": {"inter_node_gbps": 50}})
-    assert links_for(old, "T4").nic_gbs == pytest.approx(50 / 8)
+    assert links_for(old, "T4").nic_gbyte_s == pytest.approx(50 / 8)
 
 
 @pytest.mark.parametrize(
@@ -200,7 +200,7 @@ def test_overlap_depends_on_the_runtime() -> None:
             "parallel": {"dp": 8, "pp": 2}}  # fmt: skip
     megatron = parse_job(spec)
     deepspeed = parse_job({**spec, "training": {**spec["training"], "runtime": "deepspeed"}})  # type: ignore[dict-item]
-    links = _links(nic_gbps=25, nics=1)
+    links = _links(nic_gbit_s=25, nics=1)
     model = StepTimeModel()
     assert step_time(megatron, H100, links, model).data_parallel_exposed_s < (
         step_time(deepspeed, H100, links, model).data_parallel_exposed_s
@@ -214,7 +214,7 @@ def test_faster_gpus_links_and_less_recompute_are_faster() -> None:
     times = {g: model.step_time(job, lookup_gpu(g), _links(g)).total_s for g in ("A100-SXM4-80GB", "H100-SXM5-80GB")}
     assert times["H100-SXM5-80GB"] < times["A100-SXM4-80GB"]
     a100 = lookup_gpu("A100-SXM4-80GB")
-    slow = _links("A100-SXM4-80GB", nics=1, nic_gbps=25)
+    slow = _links("A100-SXM4-80GB", nics=1, nic_gbit_s=25)
     assert model.step_time(job, a100, slow).total_s > model.step_time(job, a100, _links("A100-SXM4-80GB")).total_s
     full = replace(job, parallel=replace(job.parallel, recompute="full"))
     assert model.step_time(full, a100).total_s > model.step_time(job, a100).total_s

@@ -52,6 +52,6 @@ def test_placement_rule() -> None:
 def test_slowest_link_inside_and_across_nodes() -> None:
     topology = _topology()
     a100 = lookup_gpu("A100-SXM4-80GB")
-    assert topology.slowest_link_gbs([0]) == a100.intra_node_gbps / 2
-    assert topology.slowest_link_gbs([0, 1]) == 200 / 8  # the 200 Gb/s NIC
-    assert topology.slowest_link_gbs([2]) == lookup_gpu("RTX-3090").pcie_gbps / 2
+    assert topology.slowest_link_gbyte_s([0]) == a100.intra_node_gbyte_s / 2
+    assert topology.slowest_link_gbyte_s([0, 1]) == 200 / 8  # the 200 Gb/s NIC
+    assert topology.slowest_link_gbyte_s([2]) == lookup_gpu("RTX-3090").pcie_gbyte_s / 2

@@ -27,15 +27,15 @@ class NodeGroup:
     gpus_per_node: int
     intra_node: str
     nics_per_node: int = 1
-    nic_gbps: float = 100.0
+    nic_gbit_s: float = 100.0
     """Gbit/s per NIC, per direction."""
     nvlink_domain: int = 0
     """GPUs of one NVLink fabric (0: one node's GPUs)."""
 
     @property
-    def inter_node_gbps(self) -> float:
+    def inter_node_gbit_s(self) -> float:
         """All NICs of one node together, Gbit/s per direction."""
-        return self.nics_per_node * self.nic_gbps
+        return self.nics_per_node * self.nic_gbit_s
 
     @property
     def domain_gpus(self) -> int:
@@ -50,7 +50,7 @@ class NodeGroup:
 class ClusterSpec:
     name: str
     node_groups: tuple[NodeGroup, ...]
-    inter_node_gbps: float
+    inter_node_gbit_s: float
 
     @property
     def num_gpus(self) -> int:
@@ -126,7 +126,7 @@ def parse_cluster(data: dict[str, Any]) -> ClusterSpec:
         intra = str(raw.get("intra_node", gpu.intra_node)).lower()
         if intra not in INTRA_NODE_KINDS:
             raise ValueError(f"{where}.intra_node must be one of {', '.join(INTRA_NODE_KINDS)}, got {intra!r}")
-        nics, nic_gbps = _network(raw, where, default_network) if set(raw) & set(NETWORK_FIELDS) else default_network
+        nics, nic_gbit_s = _network(raw, where, default_network) if set(raw) & set(NETWORK_FIELDS) else default_network
         per_node = _positive(f"{where}.gpus_per_node", raw.get("gpus_per_node", 8))
         domain = _positive(f"{where}.nvlink_domain", raw.get("nvlink_domain", per_node))
         if domain % per_node:
@@ -140,13 +140,13 @@ def parse_cluster(data: dict[str, Any]) -> ClusterSpec:
                 gpus_per_node=per_node,
                 intra_node=intra,
                 nics_per_node=nics,
-                nic_gbps=nic_gbps,
+                nic_gbit_s=nic_gbit_s,
                 nvlink_domain=domain,
             )
         )
-    nics, nic_gbps = default_network
+    nics, nic_gbit_s = default_network
     return ClusterSpec(
-        name=str(data.get("name") or "cluster"), node_groups=tuple(groups), inter_node_gbps=nics * nic_gbps
+        name=str(data.get("name") or "cluster"), node_groups=tuple(groups), inter_node_gbit_s=nics * nic_gbit_s
     )
 
 

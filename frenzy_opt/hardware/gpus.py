@@ -23,7 +23,7 @@ class GpuType:
     architecture: str
     memory_bytes: int
     memory_type: str
-    hbm_gbps: float
+    hbm_gbyte_s: float
     bf16_tflops: float | None
     fp16_tflops: float
     fp32_tflops: float
@@ -31,9 +31,9 @@ class GpuType:
     fp8_tflops: float | None
     form_factor: str
     intra_node: str
-    nvlink_gbps: float | None
-    pcie_gbps: float
-    intra_node_gbps: float
+    nvlink_gbyte_s: float | None
+    pcie_gbyte_s: float
+    intra_node_gbyte_s: float
     tdp_w: float
     source: str
     notes: str
@@ -47,9 +47,20 @@ class GpuType:
         return True
 
     def to_dict(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        """The catalogue entry under its file's keys (contract 3's ``frenzy catalog gpus``)."""
+        out = {KEY_OF_FIELD.get(f.name, f.name): getattr(self, f.name) for f in fields(self)}
         out["aliases"] = list(self.aliases)
         return out
+
+
+# data/gpus.yaml and contract 3 name bandwidths ``*_gbps`` (GB/s); the attributes say their unit.
+KEY_OF_FIELD = {
+    "hbm_gbyte_s": "hbm_gbps",
+    "nvlink_gbyte_s": "nvlink_gbps",
+    "pcie_gbyte_s": "pcie_gbps",
+    "intra_node_gbyte_s": "intra_node_gbps",
+}
+FIELD_OF_KEY = {key: name for name, key in KEY_OF_FIELD.items()}
 
 
 @functools.cache
@@ -61,7 +72,7 @@ def load_gpus() -> dict[str, GpuType]:
         entry = dict(entry)
         entry["aliases"] = tuple(str(a) for a in entry.get("aliases") or ())
         entry["notes"] = str(entry.get("notes") or "")
-        gpus[entry["name"]] = GpuType(**entry)
+        gpus[entry["name"]] = GpuType(**{FIELD_OF_KEY.get(str(k), str(k)): v for k, v in entry.items()})
     return gpus
 
 

@@ -41,9 +41,9 @@ class Node:
 class Links:
     """The links of one GPU type's nodes, in GB/s per direction, before ``link_efficiency``."""
 
-    intra_node_gbs: float
+    intra_node_gbyte_s: float
     """GPU to GPU inside a node or NVLink domain (NVLink or PCIe), per GPU."""
-    nic_gbs: float = 0.0
+    nic_gbyte_s: float = 0.0
     """All NICs of one node together (0: a single node, nothing crosses a network)."""
     gpus_per_node: int = 8
     nvlink_domain: int = 0
@@ -57,17 +57,17 @@ class Links:
     def for_gpu(
         gpu: GpuType,
         *,
-        inter_node_gbps: float | None = None,
+        inter_node_gbit_s: float | None = None,
         gpus_per_node: int = 8,
         intra_node: str | None = None,
         nvlink_domain: int = 0,
     ) -> Links:
         """Links of ``gpu``'s nodes: ``inter_node_gbps`` is Gbit/s per node (all NICs; None: one node only);
         ``intra_node="pcie"`` overrides an NVLink part's default (a PCIe-only server)."""
-        spec = gpu.pcie_gbps if intra_node == "pcie" else gpu.intra_node_gbps
+        spec = gpu.pcie_gbyte_s if intra_node == "pcie" else gpu.intra_node_gbyte_s
         return Links(
-            intra_node_gbs=spec / 2,
-            nic_gbs=(inter_node_gbps or 0.0) / 8,
+            intra_node_gbyte_s=spec / 2,
+            nic_gbyte_s=(inter_node_gbit_s or 0.0) / 8,
             gpus_per_node=gpus_per_node,
             nvlink_domain=nvlink_domain,
         )
@@ -82,7 +82,13 @@ class Topology:
         self.graph = nx.Graph()
         self.graph.add_node(("network",), kind="network")
         for group_index, group in enumerate(cluster.node_groups):
-            intra_gbs = (group.gpu.pcie_gbps if group.intra_node == "pcie" else group.gpu.intra_node_gbps) / 2
+            links = Links.for_gpu(
+                group.gpu,
+                inter_node_gbit_s=group.inter_node_gbit_s,
+                gpus_per_node=group.gpus_per_node,
+                intra_node=group.intra_node,
+                nvlink_domain=group.domain_gpus,
+            )
             for i in range(group.num_nodes):
                 node = Node(
                     index=len(self.nodes),
@@ -98,13 +104,13 @@ class Topology:
                 self.graph.add_edge(
                     ("node", node.index),
                     ("network",),
-                    gbs=group.inter_node_gbps / 8,
+                    gbyte_s=links.nic_gbyte_s,
                     nics=group.nics_per_node,
-                    nic_gbs=group.nic_gbps / 8,
+                    nic_gbyte_s=links.nic_gbyte_s / group.nics_per_node,
                 )
                 for k in range(node.num_gpus):
                     self.graph.add_node(("gpu", node.index, k), kind="gpu", gpu_type=node.gpu.name)
-                    self.graph.add_edge(("gpu", node.index, k), ("node", node.index), gbs=intra_gbs)
+                    self.graph.add_edge(("gpu", node.index, k), ("node", node.index), gbyte_s=links.intra_node_gbyte_s)
         self._by_type: dict[str, list[int]] = {}
         for node in self.nodes:
             self._by_type.setdefault(node.gpu.name, []).append(node.index)
@@ -145,16 +151,16 @@ class Topology:
         nodes = choose(Shape(num_gpus, whole), free, self.node_size(gpu_type))
         return None if nodes is None else list(nodes)
 
-    def slowest_link_gbs(self, nodes: list[int]) -> float:
+    def slowest_link_gbyte_s(self, nodes: list[int]) -> float:
         """The slowest link (GB/s per direction) on the paths between the GPUs of a placement."""
         if len(set(nodes)) <= 1:
             node = nodes[0]
-            return float(self.graph.edges[("gpu", node, 0), ("node", node)]["gbs"])
+            return float(self.graph.edges[("gpu", node, 0), ("node", node)]["gbyte_s"])
         return float(
             min(
                 min(
-                    self.graph.edges[("gpu", n, 0), ("node", n)]["gbs"],
-                    self.graph.edges[("node", n), ("network",)]["gbs"],
+                    self.graph.edges[("gpu", n, 0), ("node", n)]["gbyte_s"],
+                    self.graph.edges[("node", n), ("network",)]["gbyte_s"],
                 )
                 for n in nodes
             )
@@ -167,8 +173,8 @@ class Topology:
             raise KeyError(f"no node of GPU type {gpu_type} in cluster {self.cluster.name}")
         node = max(indices, key=lambda i: self.nodes[i].num_gpus)
         return Links(
-            intra_node_gbs=float(self.graph.edges[("gpu", node, 0), ("node", node)]["gbs"]),
-            nic_gbs=float(self.graph.edges[("node", node), ("network",)]["gbs"]),
+            intra_node_gbyte_s=float(self.graph.edges[("gpu", node, 0), ("node", node)]["gbyte_s"]),
+            nic_gbyte_s=float(self.graph.edges[("node", node), ("network",)]["gbyte_s"]),
             gpus_per_node=self.nodes[node].num_gpus,
             nvlink_domain=int(self.graph.nodes[("node", node)]["nvlink_domain"]),
         )

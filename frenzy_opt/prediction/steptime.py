@@ -151,10 +151,10 @@ def collective_s(links: Links, nbytes: float, group: int, stride: int, efficienc
     across the ``N`` nodes, all-gather back), each node's NICs shared by all its GPUs' groups."""
     if group <= 1 or nbytes <= 0:
         return 0.0
-    intra = links.intra_node_gbs * 1e9 * efficiency
-    if group * stride <= links.domain or links.nic_gbs <= 0:
+    intra = links.intra_node_gbyte_s * 1e9 * efficiency
+    if group * stride <= links.domain or links.nic_gbyte_s <= 0:
         return _ring_factor(group) * nbytes / intra
-    nic = links.nic_gbs * 1e9 * efficiency
+    nic = links.nic_gbyte_s * 1e9 * efficiency
     per_node = max(1, min(group, links.gpus_per_node // max(stride, 1)))
     nodes = max(group // per_node, 1)
     groups_per_node = links.gpus_per_node / per_node
@@ -170,9 +170,9 @@ def p2p_s(links: Links, nbytes: float, crosses_nodes: bool, efficiency: float) -
     the node uses at once in the pipeline's steady state."""
     if nbytes <= 0:
         return 0.0
-    if crosses_nodes and links.nic_gbs > 0:
-        return nbytes / (links.nic_gbs * 1e9 * efficiency / links.gpus_per_node)
-    return nbytes / (links.intra_node_gbs * 1e9 * efficiency)
+    if crosses_nodes and links.nic_gbyte_s > 0:
+        return nbytes / (links.nic_gbyte_s * 1e9 * efficiency / links.gpus_per_node)
+    return nbytes / (links.intra_node_gbyte_s * 1e9 * efficiency)
 
 
 def all_to_all_s(links: Links, nbytes: float, group: int, stride: int, efficiency: float) -> float:
@@ -181,12 +181,12 @@ def all_to_all_s(links: Links, nbytes: float, group: int, stride: int, efficienc
     if group <= 1 or nbytes <= 0:
         return 0.0
     out = nbytes * (group - 1) / group
-    intra = out / (links.intra_node_gbs * 1e9 * efficiency)
-    if group * stride <= links.domain or links.nic_gbs <= 0:
+    intra = out / (links.intra_node_gbyte_s * 1e9 * efficiency)
+    if group * stride <= links.domain or links.nic_gbyte_s <= 0:
         return intra
     per_node = max(1, min(group, links.gpus_per_node // max(stride, 1)))
     off_node = nbytes * (group - per_node) / group
-    return max(intra, off_node * links.gpus_per_node / (links.nic_gbs * 1e9 * efficiency))
+    return max(intra, off_node * links.gpus_per_node / (links.nic_gbyte_s * 1e9 * efficiency))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -474,7 +474,7 @@ def evaluate_terms(t: StepTerms, gpu: GpuType, links: Links, model: StepTimeMode
         casts = t.fp8_cast_bytes
     else:
         linear_rate, casts = sixteen, 0.0
-    hbm = gpu.hbm_gbps * 1e9
+    hbm = gpu.hbm_gbyte_s * 1e9
     flash = gpu.architecture in FLASH_ARCHITECTURES and not t.eager
     if flash:
         attention = t.flash_flops / (sixteen * model.per_runtime("attention_efficiency", t.runtime))

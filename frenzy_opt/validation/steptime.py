@@ -170,7 +170,7 @@ def _catalogue_gpu(name: str) -> tuple[GpuType, str | None]:
 
 def _slowest(gpus: Sequence[GpuType], precision: str) -> GpuType:
     """The GPU type with the least peak for the run's number format (then the least HBM bandwidth)."""
-    return min(gpus, key=lambda g: (peak_tflops(g, precision), g.hbm_gbps))
+    return min(gpus, key=lambda g: (peak_tflops(g, precision), g.hbm_gbyte_s))
 
 
 def links_of(interconnect: str, gpu: GpuType, gpus_per_node: int, intra: str) -> tuple[Links, list[str]]:
@@ -182,39 +182,42 @@ def links_of(interconnect: str, gpu: GpuType, gpus_per_node: int, intra: str) ->
     low = interconnect.lower()
     notes: list[str] = []
     domain = NVL72_DOMAIN if "nvl" in low and "domain" in low else 0
-    nics, nic_gbps = 1, 0.0
+    nics, nic_gbit_s = 1, 0.0
     per_node = re.search(r"(\d+)\s*x\s*(\d+)\s*gb/s", low)
     speeds = [(float(m.group(1)), m.group(0)) for m in re.finditer(r"(\d+(?:\.\d+)?)\s*gb/s", low)]
     gigabytes = re.search(r"(\d+)\s*gb/s inter-server", interconnect.lower().replace("GB/s", "gb/s"))
     if per_node:
-        nics, nic_gbps = int(per_node.group(1)), float(per_node.group(2))
+        nics, nic_gbit_s = int(per_node.group(1)), float(per_node.group(2))
     elif "per gpu" in low and speeds:
-        nics, nic_gbps = gpus_per_node, speeds[-1][0]
+        nics, nic_gbit_s = gpus_per_node, speeds[-1][0]
     elif gigabytes and "GB/s inter-server" in interconnect:
-        nics, nic_gbps = 8, float(gigabytes.group(1)) * 8 / 8
+        nics, nic_gbit_s = 8, float(gigabytes.group(1)) * 8 / 8
         notes.append("100 GB/s inter-server read as 8 x 100 Gbit/s EDR NICs (DGX-2 datasheet)")
     elif "infiniband" in low or "rdma" in low:
         stated = [s for s, text in speeds if "gb/s" in text and not re.search(rf"{int(s)}\s*gb/s", low.split(";")[0])]
         if stated and "nvlink" in low:
-            nics, nic_gbps = gpus_per_node, stated[-1]
+            nics, nic_gbit_s = gpus_per_node, stated[-1]
             notes.append(f"InfiniBand {stated[-1]:g} Gbit/s read as one NIC per GPU (DGX reference design)")
         elif stated:
-            nic_gbps = stated[-1]
+            nic_gbit_s = stated[-1]
         else:
-            nics, nic_gbps = gpus_per_node, REFERENCE_NIC_GBPS.get(gpu.architecture, 200.0)
-            notes.append(f"network not detailed: {nics} x {nic_gbps:g} Gbit/s (DGX reference design)")
+            nics, nic_gbit_s = gpus_per_node, REFERENCE_NIC_GBPS.get(gpu.architecture, 200.0)
+            notes.append(f"network not detailed: {nics} x {nic_gbit_s:g} Gbit/s (DGX reference design)")
     elif speeds and ("inter-node" in low or "+" in low):
-        nic_gbps = min(s for s, _ in speeds)  # the slowest node's network
+        nic_gbit_s = min(s for s, _ in speeds)  # the slowest node's network
     elif "single" in low or ("nvlink/nvswitch" in low and "inter" not in low):
-        nic_gbps = 0.0
+        nic_gbit_s = 0.0
     else:
-        nic_gbps = 100.0
+        nic_gbit_s = 100.0
         notes.append("inter-node network not stated: 1 x 100 Gbit/s assumed")
-    spec = gpu.pcie_gbps if intra == "pcie" else gpu.intra_node_gbps
+    spec = gpu.pcie_gbyte_s if intra == "pcie" else gpu.intra_node_gbyte_s
     if "400 gb/s" in low.split(";")[0] and "nvlink" in low:
         spec = 400.0  # A800/H800: NVLink capped at 400 GB/s (the row's own words)
     links = Links(
-        intra_node_gbs=spec / 2, nic_gbs=nics * nic_gbps / 8, gpus_per_node=gpus_per_node, nvlink_domain=domain
+        intra_node_gbyte_s=spec / 2,
+        nic_gbyte_s=nics * nic_gbit_s / 8,
+        gpus_per_node=gpus_per_node,
+        nvlink_domain=domain,
     )
     return links, notes
 
