@@ -41,9 +41,9 @@ from sqlalchemy.exc import IntegrityError
 
 from frenzy_opt.api.auth import Principal, TenantConfig
 from frenzy_opt.api.schemas import STATES, EventOut, JobIn, JobListOut, JobOut, PlanOut, PlansOut
+from frenzy_opt.core.protocols import Executor
 from frenzy_opt.core.spec import JobSpec, parse_job
 from frenzy_opt.hardware.cluster import ClusterSpec
-from frenzy_opt.launch.executors import Executor
 from frenzy_opt.planning.plans import NoFeasiblePlan, search_or_fail
 from frenzy_opt.prediction.closedloop import memory_errors
 from frenzy_opt.prediction.steptime import StepTimeModel

@@ -29,8 +29,7 @@ from frenzy_opt.hardware.topology import Topology
 from frenzy_opt.planning.problem import OptionCache
 from frenzy_opt.planning.scenario import load_scenario
 from frenzy_opt.simulation.simulator import Simulator, sim_jobs
-from frenzy_opt.solvers.base import make_solver
-from frenzy_opt.solvers.policies import make_policy
+from frenzy_opt.solvers.base import make_policy, make_solver
 
 SCALES = ((2160, 512), (16392, 4096))
 BASE_GAP_S = 60.0

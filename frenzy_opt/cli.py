@@ -67,7 +67,7 @@ from frenzy_opt.research.experiment import (
 from frenzy_opt.simulation.simulator import Failures, SimulationError
 from frenzy_opt.simulation.truth import SIA_TABLES, TruthKind, TruthSpec, truth_spec
 from frenzy_opt.solvers import make_solver
-from frenzy_opt.solvers.policies import policy_names
+from frenzy_opt.solvers.base import policy_names
 
 if TYPE_CHECKING:  # the report pulls in matplotlib: imported when compare runs
     from frenzy_opt.research.report import CompareSetup, Section

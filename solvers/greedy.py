@@ -46,8 +46,9 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
+from frenzy_opt.core.protocols import Admission
 from frenzy_opt.hardware.placement import FreeIndex, choose
 from frenzy_opt.planning.problem import Assignment, Option, ProblemJob, Schedule, SchedulingProblem
 from frenzy_opt.solvers.base import register
@@ -207,14 +208,6 @@ class _Reservation:
                 found = self.counts[self.size] >= option.whole_nodes
             self._fits[key] = found
         return found
-
-
-class Admission(Protocol):
-    """Who may use what (e.g. per-tenant quotas per GPU type, enforced by the scheduler itself)."""
-
-    def allows(self, job: str, option: Option) -> bool: ...
-
-    def take(self, job: str, option: Option) -> None: ...
 
 
 class _Queue(dict[str, ProblemJob]):

@@ -24,39 +24,14 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable
 from dataclasses import replace
 
 from frenzy_opt.hardware.placement import choose, refusal
 from frenzy_opt.planning.problem import Option, ProblemJob, SchedulingProblem, thin_fronts
 from frenzy_opt.simulation.simulator import Action, SimJob, SimulationError, Simulator, Start, Stop
+from frenzy_opt.solvers.base import register_policy
 from frenzy_opt.solvers.cpsat import CpSatSolver
 from frenzy_opt.solvers.greedy import GreedyState
-
-_POLICIES: dict[str, Callable[..., object]] = {}
-
-
-def register_policy(name: str) -> Callable[[Callable[..., object]], Callable[..., object]]:
-    def wrap(factory: Callable[..., object]) -> Callable[..., object]:
-        _POLICIES[name] = factory
-        return factory
-
-    return wrap
-
-
-def policy_names() -> list[str]:
-    return sorted(_POLICIES)
-
-
-def make_policy(name: str, **settings: object) -> object:
-    """A fresh policy by name; ``ValueError`` lists the registered names, or names a bad setting."""
-    factory = _POLICIES.get(name)
-    if factory is None:
-        raise ValueError(f"policy: unknown name {name!r}; allowed: {', '.join(policy_names())}")
-    try:
-        return factory(**settings)
-    except TypeError as err:
-        raise ValueError(f"policies.{name}: {err}") from None
 
 
 def place(sim: Simulator, option: Option, free: list[int] | None = None) -> tuple[int, ...] | None:

@@ -31,7 +31,8 @@ from __future__ import annotations
 
 from frenzy_opt.planning.problem import Option
 from frenzy_opt.simulation.simulator import Action, Simulator, Start
-from frenzy_opt.solvers.policies import _Base, register_policy
+from frenzy_opt.solvers.base import register_policy
+from frenzy_opt.solvers.policies import _Base
 from frenzy_opt.solvers.roundbased import apply_allocations, known_step_s, solve_highs
 
 

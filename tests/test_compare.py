@@ -35,7 +35,7 @@ from frenzy_opt.research.stats import paired_ci95, relative_reductions
 from frenzy_opt.simulation.profiles import read_sia_profiles
 from frenzy_opt.simulation.siareplay import RESCALE_S, load_sia_replay
 from frenzy_opt.simulation.truth import TruthSpec
-from frenzy_opt.solvers.policies import make_policy
+from frenzy_opt.solvers.base import make_policy
 
 DATA = Path(__file__).parent / "data" / "sia_replay"
 TRACES = DATA / "traces"

@@ -21,8 +21,8 @@ from frenzy_opt.planning.scenario import Request, load_cluster_ref
 from frenzy_opt.service.orchestrator import Orchestrator
 from frenzy_opt.service.store import Store
 from frenzy_opt.simulation.simulator import SimJob, Simulator
+from frenzy_opt.solvers.base import make_policy
 from frenzy_opt.solvers.greedy import GreedyState
-from frenzy_opt.solvers.policies import make_policy
 
 GPU = "A100-SXM4-80GB"
 # One type, two 8-GPU nodes (16 GPUs).
@@ -198,6 +198,12 @@ class ResumingExecutor:
 
     def shutdown(self) -> None:
         self.launched.clear()
+
+    def supports(self, plan: object, arch: object) -> bool:
+        return True
+
+    def adopt(self, job_id: str, attempt: int, on_exit: OnExit) -> None:
+        raise AssertionError("nothing survives a restart here")
 
 
 COUNTER = itertools.count()

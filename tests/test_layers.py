@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,13 +59,22 @@ def test_every_module_has_a_layer() -> None:
     assert not missing
 
 
+def _runtime_imports(tree: ast.Module) -> list[ast.AST]:
+    """Every node but those under ``if TYPE_CHECKING:`` (imports for annotations only: no run-time edge)."""
+    skipped: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            skipped.update(id(inner) for stmt in node.body for inner in ast.walk(stmt))
+    return [node for node in ast.walk(tree) if id(node) not in skipped]
+
+
 def test_nothing_imports_upward() -> None:
     violations = []
     for name, path in _modules():
         own = _layer(name)
         if own is None:
             continue
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in _runtime_imports(ast.parse(path.read_text(encoding="utf-8"))):
             targets = []
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
@@ -74,3 +85,14 @@ def test_nothing_imports_upward() -> None:
                 if layer is not None and layer > own:
                     violations.append(f"{name} imports {target}")
     assert not violations
+
+
+def test_the_service_loads_no_offline_solver() -> None:
+    """The orchestrator and the app use the greedy alone: OR-Tools, PuLP, HiGHS and the baselines stay out."""
+    code = (
+        "import sys, frenzy_opt.service.orchestrator, frenzy_opt.api.app\n"
+        "heavy = ('ortools', 'pulp', 'highspy', 'frenzy_opt.solvers.cpsat', 'frenzy_opt.solvers.policies')\n"
+        "print(','.join(m for m in heavy if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == ""

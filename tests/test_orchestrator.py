@@ -31,10 +31,12 @@ class FakeExecutor:
     """Runs nothing: the test decides when each attempt ends."""
 
     name = "fake"
+    preemptible = False
 
     def __init__(self, alive: set[str] | None = None) -> None:
         self.launched: dict[str, Launch] = {}
         self.alive = alive or set()
+        self.adopted: list[tuple[str, int]] = []
 
     def launch(self, launch: Launch, on_exit: OnExit, on_report: object = None) -> None:
         self.launched[launch.job_id] = launch
@@ -47,6 +49,12 @@ class FakeExecutor:
 
     def shutdown(self) -> None:
         self.launched.clear()
+
+    def supports(self, plan: object, arch: object) -> bool:
+        return True
+
+    def adopt(self, job_id: str, attempt: int, on_exit: OnExit) -> None:
+        self.adopted.append((job_id, attempt))
 
 
 def _orchestrator(
@@ -191,10 +199,12 @@ def test_recovery_keeps_live_runs_and_retries_lost_ones(tmp_path: Path) -> None:
     assert running and queued
     # "Restart": a new orchestrator on the same database; the executor still runs only the first job.
     survivor = running[0]
-    second = Orchestrator(Store(db), CLUSTER, FakeExecutor(alive={survivor}), time_scale=1000.0, cache=CACHE)
+    survivors = FakeExecutor(alive={survivor})
+    second = Orchestrator(Store(db), CLUSTER, survivors, time_scale=1000.0, cache=CACHE)
     counts = second.recover()
     assert counts == {"queued": len(queued), "kept": 1, "retried": len(running) - 1, "failed": 0, "quarantined": 0}
     assert set(second.running) == {survivor}
+    assert [job for job, _ in survivors.adopted] == [survivor]  # the executor takes the live run over
     assert set(second.state.queue) == set(jobs) - {survivor}
     lost = [j for j in running if j != survivor]
     for job in lost:

@@ -20,7 +20,7 @@ from frenzy_opt.simulation.siareplay import (
     read_validation,
 )
 from frenzy_opt.simulation.simulator import Simulator, check_result
-from frenzy_opt.solvers.policies import make_policy
+from frenzy_opt.solvers.base import make_policy
 
 DATA = Path(__file__).parent / "data" / "sia_replay"
 TRACES = DATA / "traces"

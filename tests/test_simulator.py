@@ -28,7 +28,8 @@ from frenzy_opt.simulation.simulator import (
     percentile,
     sim_jobs,
 )
-from frenzy_opt.solvers.policies import make_policy, place, policy_names
+from frenzy_opt.solvers.base import make_policy, policy_names
+from frenzy_opt.solvers.policies import place
 
 GPU_TYPES = ("A100-SXM4-80GB", "V100-SXM2-32GB")
 

@@ -24,7 +24,7 @@ from frenzy_opt.research.stats import ci95_half_width, student_t_quantile
 from frenzy_opt.simulation.profiles import ProfileTable, read_gavel_throughputs, read_sia_profiles
 from frenzy_opt.simulation.simulator import Action, ModelTruth, SimJob, SimResult, Simulator, Start, Truth, check_result
 from frenzy_opt.simulation.truth import NoisyTruth, ProfiledTruth, truth_spec
-from frenzy_opt.solvers.policies import make_policy
+from frenzy_opt.solvers.base import make_policy
 from frenzy_opt.solvers.roundbased import known_step_s
 
 A100, V100 = "A100-SXM4-80GB", "V100-SXM2-32GB"

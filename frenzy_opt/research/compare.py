@@ -25,7 +25,7 @@ from frenzy_opt.simulation.profiles import read_sia_profiles
 from frenzy_opt.simulation.siareplay import load_sia_replay
 from frenzy_opt.simulation.simulator import SimJob, SimResult, Simulator
 from frenzy_opt.simulation.truth import SIA_TABLES, TruthKind, TruthSpec
-from frenzy_opt.solvers.policies import make_policy
+from frenzy_opt.solvers.base import make_policy
 
 SIA_WORKLOADS = SIA_TABLES.parent / "workloads"
 """Sia's workload files (``../shared/traces/sia-heterogeneous/workloads/<set>/workload-<k>.csv``)."""

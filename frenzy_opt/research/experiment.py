@@ -40,7 +40,7 @@ from frenzy_opt.simulation.simulator import (
     sim_jobs,
 )
 from frenzy_opt.simulation.truth import TruthKind, TruthSpec
-from frenzy_opt.solvers.policies import make_policy, policy_names
+from frenzy_opt.solvers.base import make_policy, policy_names
 
 DEFAULT_COMPARE_SCENARIOS = ("paper3type-llm", "sia64-llm", "cluster2048-llm")
 # frenzy-oracle (frenzy told the true step times) costs a second per run and shows what frenzy's prediction

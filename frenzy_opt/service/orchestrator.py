@@ -44,10 +44,11 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from frenzy_opt.core.protocols import Executor
 from frenzy_opt.core.spec import JobSpec, parse_job
 from frenzy_opt.hardware.cluster import ClusterSpec
 from frenzy_opt.hardware.topology import Topology
-from frenzy_opt.launch.executors import Executor, ExitInfo, Launch
+from frenzy_opt.launch.executors import ExitInfo, Launch
 from frenzy_opt.planning.plans import DEFAULT_STEP_MODEL
 from frenzy_opt.planning.problem import (
     Option,
@@ -172,8 +173,7 @@ class Orchestrator:
         self.store, self.cluster, self.executor = store, cluster, executor
         self.time_scale = time_scale
         self.topology = cache.topology if cache is not None else Topology(cluster)
-        supports = getattr(executor, "supports", None)
-        self._plan_filter = None if supports is None else (lambda plan, spec: bool(supports(plan, spec.model)))
+        self._plan_filter = lambda plan, spec: executor.supports(plan, spec.model)
         self.calibration = calibration
         self.calibrations = calibrations or CalibrationStore()
         self.base_model = DEFAULT_STEP_MODEL
@@ -196,7 +196,7 @@ class Orchestrator:
         self.samples: list[Sample] = []
         self.calibration_report: dict[str, dict[str, Any]] = store.calibration()
         self.progress: dict[str, dict[str, Any]] = {}
-        self.preempt = bool(getattr(executor, "preemptible", False)) if preempt is None else preempt
+        self.preempt = executor.preemptible if preempt is None else preempt
         """Whether the HAS may stop running jobs for shorter ones (:meth:`GreedyState.review`): only with an
         executor whose stopped attempts resume where they stopped."""
         self.max_restarts = max_restarts
@@ -695,9 +695,7 @@ class Orchestrator:
             return "failed"
         if record.id in alive and record.placement is not None and record.plan is not None:
             self._reattach(record)
-            adopt = getattr(self.executor, "adopt", None)
-            if adopt is not None:
-                adopt(record.id, record.attempts, self._on_exit)
+            self.executor.adopt(record.id, record.attempts, self._on_exit)
             return "kept"
         self.attempts[record.id] = record.attempts
         before = len(pending.transitions)

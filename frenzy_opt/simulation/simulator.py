@@ -43,6 +43,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from frenzy_opt.core.protocols import Policy
 from frenzy_opt.hardware.placement import refusal
 from frenzy_opt.hardware.topology import Topology
 from frenzy_opt.planning.problem import Option, OptionCache, no_option_message
@@ -173,27 +174,6 @@ class Stop:
 
 
 Action = Start | Stop
-
-
-class Policy(Protocol):
-    """A scheduling policy plugged into the simulator."""
-
-    name: str
-    round_s: float | None
-    """None: decide after every event batch; else only at ticks every ``round_s`` seconds."""
-
-    def attach(self, sim: Simulator) -> None:
-        """Called once before the first event."""
-
-    def on_arrival(self, job: SimJob, now: float) -> None: ...
-
-    def on_end(self, job: SimJob, now: float, finished: bool) -> None:
-        """A running job ended: finished, failed (``finished`` False) or was stopped by the policy."""
-
-    def on_node(self, node: int, now: float, up: bool, until_s: float) -> None:
-        """A node failed (``up`` False, back at ``until_s``) or was repaired."""
-
-    def decide(self, now: float) -> list[Action]: ...
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

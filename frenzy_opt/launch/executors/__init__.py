@@ -6,9 +6,9 @@ says which jobs it is still running (:meth:`Executor.running`) so that the orche
 a restart. Executors: ``simulated`` (:mod:`frenzy_opt.launch.executors.simulated`, time scaled, the embedded
 default), ``local`` (:mod:`frenzy_opt.launch.executors.local`, torchrun processes running
 :mod:`frenzy_opt.launch.train`) and ``ray`` (:mod:`frenzy_opt.launch.executors.ray`, a placement group and one actor per
-rank; ``RAY_ADDRESS`` names the cluster). Optional methods: ``supports(plan, arch)`` (the planner then
-offers only plans the executor can run) and ``adopt(job_id, attempt, on_exit)`` (take over a run that survived
-a restart).
+rank; ``RAY_ADDRESS`` names the cluster). The protocol is :class:`frenzy_opt.core.protocols.Executor`:
+besides launching it says which plans it can run (``supports``: the planner offers only those), whether a
+stopped attempt resumes (``preemptible``) and takes over runs that survived a restart (``adopt``).
 
 Recovery contract (the orchestrator's ``recover()``): after a restart it calls :meth:`Executor.running` and,
 for every active job in it, ``adopt(job_id, attempt, on_exit)``; any other active job is retried as lost.
@@ -25,8 +25,10 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
+from frenzy_opt.core.protocols import Executor
+from frenzy_opt.core.registry import Registry
 from frenzy_opt.core.spec import JobSpec
 from frenzy_opt.planning.problem import Option
 
@@ -60,23 +62,12 @@ OnReport = Callable[[str, int, dict[str, Any]], None]
 """A worker report of a running attempt (one JSON object per step, see :mod:`frenzy_opt.launch.train`)."""
 
 
-class Executor(Protocol):
-    name: str
-
-    def launch(self, launch: Launch, on_exit: OnExit, on_report: OnReport | None = None) -> None: ...
-
-    def cancel(self, job_id: str) -> None: ...
-
-    def running(self) -> set[str]: ...
-
-    def shutdown(self) -> None: ...
+EXECUTORS: Registry[Executor] = Registry("executor")
+"""The executors by name; each factory takes the same settings (``frenzy serve`` passes them all)."""
 
 
-EXECUTORS = ("simulated", "local", "ray")
-
-
-def make_executor(
-    name: str,
+@EXECUTORS.register("simulated")
+def _simulated(
     *,
     time_scale: float = 1.0,
     fail_rate: float = 0.0,
@@ -84,17 +75,39 @@ def make_executor(
     workdir: str | None = None,
     max_steps: int | None = None,
 ) -> Executor:
-    """An executor by name; ``ValueError`` names the allowed ones and says which are not built yet."""
-    if name == "simulated":
-        from frenzy_opt.launch.executors.simulated import SimulatedExecutor
+    from frenzy_opt.launch.executors.simulated import SimulatedExecutor
 
-        return SimulatedExecutor(time_scale=time_scale, fail_rate=fail_rate, seed=seed)
-    if name == "local":
-        from frenzy_opt.launch.executors.local import LocalExecutor
+    return SimulatedExecutor(time_scale=time_scale, fail_rate=fail_rate, seed=seed)
 
-        return LocalExecutor(workdir or "frenzy-runs", max_steps=max_steps)
-    if name == "ray":
-        from frenzy_opt.launch.executors.ray import RayExecutor
 
-        return RayExecutor(workdir or "frenzy-runs", address=os.environ.get("RAY_ADDRESS"), max_steps=max_steps)
-    raise ValueError(f"executor must be one of {', '.join(EXECUTORS)}, got {name!r}")
+@EXECUTORS.register("local")
+def _local(
+    *,
+    time_scale: float = 1.0,
+    fail_rate: float = 0.0,
+    seed: int = 0,
+    workdir: str | None = None,
+    max_steps: int | None = None,
+) -> Executor:
+    from frenzy_opt.launch.executors.local import LocalExecutor
+
+    return LocalExecutor(workdir or "frenzy-runs", max_steps=max_steps)
+
+
+@EXECUTORS.register("ray")
+def _ray(
+    *,
+    time_scale: float = 1.0,
+    fail_rate: float = 0.0,
+    seed: int = 0,
+    workdir: str | None = None,
+    max_steps: int | None = None,
+) -> Executor:
+    from frenzy_opt.launch.executors.ray import RayExecutor
+
+    return RayExecutor(workdir or "frenzy-runs", address=os.environ.get("RAY_ADDRESS"), max_steps=max_steps)
+
+
+def make_executor(name: str, **settings: object) -> Executor:
+    """An executor by name (``simulated``, ``local``, ``ray``); ``ValueError`` names the allowed ones."""
+    return EXECUTORS.make(name, **settings)

@@ -141,6 +141,8 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 class LocalExecutor:
     name = "local"
+    preemptible = False
+    """A cancel stops the processes; the orchestrator retries such a job as a new attempt."""
 
     def __init__(
         self,

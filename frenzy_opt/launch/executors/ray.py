@@ -68,6 +68,8 @@ def _actor_class() -> Any:
 
 class RayExecutor:
     name = "ray"
+    preemptible = False
+    """A stopped attempt starts again from step 0 on its next placement."""
 
     def __init__(
         self,
@@ -190,6 +192,11 @@ class RayExecutor:
     def running(self) -> set[str]:
         with self._lock:
             return set(self._runs)
+
+    def adopt(self, job_id: str, attempt: int, on_exit: OnExit) -> None:
+        """Never called after a restart: Ray's actors end with the driver, so :meth:`running` lists none of
+        the runs of an earlier service; a direct call reports the run lost."""
+        on_exit(job_id, attempt, ExitInfo(ok=False, cause="the Ray executor keeps no runs across a restart"))
 
     def shutdown(self) -> None:
         for job_id in list(self.running()):

@@ -16,6 +16,8 @@ import random
 import threading
 
 from frenzy_opt.launch.executors import ExitInfo, Launch, OnExit, OnReport
+from frenzy_opt.models.arch import ModelArch
+from frenzy_opt.planning.plans import Plan
 
 
 class SimulatedExecutor:
@@ -68,6 +70,15 @@ class SimulatedExecutor:
     def running(self) -> set[str]:
         with self._lock:
             return set(self._timers)
+
+    def supports(self, plan: Plan, arch: ModelArch) -> bool:
+        """Every plan: nothing really runs."""
+        return True
+
+    def adopt(self, job_id: str, attempt: int, on_exit: OnExit) -> None:
+        """Never called after a restart (runs live in this process only, so :meth:`running` lists none of an
+        earlier service's); a direct call reports the run lost."""
+        on_exit(job_id, attempt, ExitInfo(ok=False, cause="the simulated executor keeps no runs across a restart"))
 
     def shutdown(self) -> None:
         with self._lock:
