@@ -41,6 +41,7 @@ from sqlalchemy.exc import IntegrityError
 
 from frenzy_opt.api.auth import Principal, TenantConfig
 from frenzy_opt.api.schemas import STATES, EventOut, JobIn, JobListOut, JobOut, PlanOut, PlansOut
+from frenzy_opt.api.ui import mount_docs, ui_router
 from frenzy_opt.core.protocols import Executor
 from frenzy_opt.core.spec import JobSpec, parse_job
 from frenzy_opt.hardware.cluster import ClusterSpec
@@ -444,7 +445,11 @@ def create_app(config: ServiceConfig) -> FastAPI:
         description="Serverless scheduling of LLM training jobs on heterogeneous GPU clusters: submit a job with "
         "no hardware named; MARP predicts its memory per parallel plan, the greedy HAS places it.",
         lifespan=lifespan,
+        docs_url=None,  # served from local assets by mount_docs: nothing from a CDN
+        redoc_url=None,
     )
+    mount_docs(app)
+    app.include_router(ui_router())
     app.state.store, app.state.orchestrator, app.state.metrics = store, orchestrator, metrics
     app.state.searches = searches
 

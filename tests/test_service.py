@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -325,3 +326,19 @@ def test_the_demo_line_of_a_start_shows_every_parallel_dimension() -> None:
     item = {"state": "running", "plan": plan, "placement": {"nodes": ["n0", "n1"]}}
     line = _describe(item, "job", 0.0, 0.0)
     assert line is not None and "dp1 tp4 pp2 cp2 zero1" in line and "ep" not in line.split("zero")[0]
+
+
+def test_the_dashboard_and_the_docs_are_served_without_another_host(fast: TestClient) -> None:
+    page = fast.get("/ui")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    for asset in ("/ui/static/app.js", "/ui/static/style.css"):
+        assert fast.get(asset).status_code == 200
+    assert fast.get("/ui/static/../app.py").status_code == 404
+    for path in ("/docs", "/redoc"):
+        html = fast.get(path).text
+        sources = re.findall(r'(?:src|href)="([^"]+)"', html) + re.findall(r"url: '([^']+)'", html)
+        assert sources and all(s.startswith("/") for s in sources), sources
+        for source in sources:
+            assert fast.get(source).status_code == 200, source
+    assert "fonts.googleapis" not in fast.get("/redoc").text
+    assert "/docs" not in fast.get("/openapi.json").json()["paths"]
