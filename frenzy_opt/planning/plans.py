@@ -33,6 +33,7 @@ from frenzy_opt.core.spec import (
     ParallelConfig,
     TrainingConfig,
     check_headroom,
+    plan_layout,
 )
 from frenzy_opt.hardware.cluster import ClusterSpec
 from frenzy_opt.hardware.gpus import GpuType
@@ -115,6 +116,73 @@ class Plan:
             "est_runtime_s": self.est_runtime_s,
             "memory_risk": self.memory_risk,
         }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Plan:
+        """The plan :meth:`to_dict` wrote (``headroom_bytes`` is derived and not read back); ``ValueError``
+        names a missing, unknown or ill-typed field."""
+        if not isinstance(data, dict):
+            raise ValueError(f"plan must be a mapping, got {data!r}")
+        unknown = sorted(set(data) - _PLAN_KEYS)
+        if unknown:
+            raise ValueError(f"plan: unknown field(s) {', '.join(unknown)}; allowed: {', '.join(sorted(_PLAN_KEYS))}")
+        parallel, micro_batch_size = plan_layout(data)
+        values: dict[str, Any] = {}
+        for name, kind in _PLAN_FIELDS.items():
+            if name not in data:
+                if name in _PLAN_REQUIRED:
+                    raise ValueError(f"plan.{name} is required")
+                continue
+            value = data[name]
+            if value is None and kind == _NUMBER:
+                values[name] = None
+            elif isinstance(value, bool) is not (kind is bool) or not isinstance(value, kind):
+                raise ValueError(f"plan.{name} must be {_KIND_NAMES[kind]}, got {value!r}")
+            else:
+                values[name] = float(value) if kind == _NUMBER else value
+        if values["num_gpus"] != parallel.num_gpus:
+            raise ValueError(f"plan.num_gpus ({values['num_gpus']}) must equal dp x tp x pp x cp ({parallel.num_gpus})")
+        return cls(parallel=parallel, micro_batch_size=micro_batch_size, **values)
+
+
+_NUMBER = (int, float)
+# What Plan.from_dict reads besides the layout: field -> accepted type (the step times may be null).
+_PLAN_FIELDS: dict[str, Any] = {
+    "gpu_type": str,
+    "num_gpus": int,
+    "precision": str,
+    "peak_allocated_bytes": int,
+    "peak_reserved_bytes": int,
+    "device_used_bytes": int,
+    "capacity_bytes": int,
+    "peak_allocated_upper_bytes": int,
+    "peak_reserved_upper_bytes": int,
+    "device_used_upper_bytes": int,
+    "required_headroom_bytes": int,
+    "step_time_s": _NUMBER,
+    "step_time_p10_s": _NUMBER,
+    "step_time_p90_s": _NUMBER,
+    "est_runtime_s": _NUMBER,
+    "memory_risk": bool,
+}
+_PLAN_REQUIRED = frozenset(
+    (
+        "gpu_type",
+        "num_gpus",
+        "precision",
+        "peak_allocated_bytes",
+        "peak_reserved_bytes",
+        "device_used_bytes",
+        "capacity_bytes",
+    )
+)
+_PLAN_KEYS = frozenset(_PLAN_FIELDS) | {"parallel", "micro_batch_size", "headroom_bytes"}
+_KIND_NAMES: dict[Any, str] = {
+    str: "a string",
+    int: "an integer",
+    _NUMBER: "a number or null",
+    bool: "true or false",
+}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
