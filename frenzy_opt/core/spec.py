@@ -61,6 +61,11 @@ class TrainingConfig:
                 f"training.micro_batch_size ({self.micro_batch_size})"
             )
 
+    def num_micro_batches(self, dp: int, micro_batch_size: int | None = None) -> int:
+        """Micro-batches per step on each data-parallel rank (gradient-accumulation steps),
+        ``global_batch / (micro_batch x dp)`` and at least one; ``micro_batch_size`` defaults to the job's."""
+        return max(self.global_batch_size // ((micro_batch_size or self.micro_batch_size) * dp), 1)
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ParallelConfig:

@@ -95,8 +95,9 @@ class Layout:
 def check_plan(job: JobSpec, parallel: ParallelConfig, micro_batch_size: int, world: int) -> int:
     """The number of micro-batches per step; ``ValueError`` names what this worker cannot run."""
     per_step = micro_batch_size * parallel.dp
+    num_micro = job.training.num_micro_batches(parallel.dp, micro_batch_size)
     # The same rule the executors' filter applies (worker_supports), with this step's micro-batch count.
-    reason = worker_supports(parallel, job.model, job.training.global_batch_size // per_step)
+    reason = worker_supports(parallel, job.model, num_micro)
     if reason is not None:
         raise ValueError(f"train: the worker runs {SUPPORTED}; not {reason}")
     if parallel.num_gpus != world:
@@ -109,7 +110,7 @@ def check_plan(job: JobSpec, parallel: ParallelConfig, micro_batch_size: int, wo
             f"train: global_batch_size {job.training.global_batch_size} must be a multiple of "
             f"micro_batch_size x dp = {per_step}"
         )
-    return job.training.global_batch_size // per_step
+    return num_micro
 
 
 def build_full_model(job: JobSpec, seed: int) -> ReferenceDecoder:

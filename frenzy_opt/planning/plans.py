@@ -298,7 +298,7 @@ def _dp_choices(job: JobSpec, shape: _Shape, max_gpus: int) -> list[int]:
     for dp in _choices(job, "dp", _divisors(gbs)):
         if gbs % (dp * shape.micro_batch_size) or dp * shape.model_gpus > max_gpus:
             continue
-        if shape.vpp > 1 and (gbs // (dp * shape.micro_batch_size)) % shape.pp:
+        if shape.vpp > 1 and job.training.num_micro_batches(dp, shape.micro_batch_size) % shape.pp:
             continue
         valid.append(dp)
     return sorted(valid, reverse=True)
@@ -535,7 +535,7 @@ class _Group:
                         step_time_p10_s=low,
                         step_time_p90_s=high,
                         memory_risk=risky,
-                        num_micro_batches=job.training.global_batch_size // (micro_batch_size * parallel.dp),
+                        num_micro_batches=job.training.num_micro_batches(parallel.dp, micro_batch_size),
                     )
                 )
         return out
@@ -610,7 +610,7 @@ def _lower_bound(job: JobSpec, shape: _Shape, dp: int) -> float:
         sp=shape.sequence_parallel,
         recompute=shape.recompute,
     )
-    microbatches = max(training.global_batch_size // (shape.micro_batch_size * dp), 1)
+    microbatches = training.num_micro_batches(dp, shape.micro_batch_size)
     in_flight = in_flight_layer_microbatches(chunks, 0, shape.pp, microbatches)
     loss = acts.loss + acts.loss_backward if shape.pp == 1 else 0
     # Flash attention keeps the least of the two kernels, so its activations bound any attention choice.
