@@ -401,40 +401,18 @@ def enumerate_plans(
     anywhere, a second pass (``prune=False``) finds the least per-GPU footprint of any configuration for
     the error message, skipping shapes whose lower bound exceeds the best footprint found so far.
     """
-    groups: dict[tuple[str, int, int, str], list[GpuType]] = {}
-    for gpu in cluster.gpu_types():
-        # bf16 and fp16 take the same bytes everywhere, so their GPUs share one search.
-        precision = effective_precision(gpu, job.training.precision).replace("fp16", "bf16")
-        key = (precision, cluster.gpus_per_node_of(gpu.name), cluster.num_gpus_of(gpu.name), attention_on(gpu, job))
-        groups.setdefault(key, []).append(gpu)
-    if headroom is None:
-        headroom = job.training.memory_headroom
-    if headroom is None:
-        headroom = fit.headroom_fraction
-    check_headroom("headroom", headroom)
+    headroom = _headroom_of(job, headroom, fit)
     tally = _Tally()
     plans: list[Plan] = []
-    for (precision, gpus_per_node, max_gpus, attention), gpus in groups.items():
+    for (precision, gpus_per_node, max_gpus, attention), gpus in _gpu_groups(job, cluster).items():
         group = _Group(job, gpus, precision, attention, cluster, cuda=cuda, step_model=step_model, fit=fit)
         for shape in _shapes(job, gpus_per_node, max_gpus):
             # Feasibility search: nothing above the largest GPU matters. Minimum search (no plan anywhere):
             # nothing above the least footprint found so far does (branch and bound).
             limit = group.capacity if prune else (tally.min_device if tally.min_device is not None else sys.maxsize)
             dps = _dp_choices(job, shape, max_gpus)
-            if not dps or _lower_bound(group.base, shape, dps[0]) > limit:
-                continue
-            exhausted = False
-            for dp in dps:
-                if exhausted and dp >= 2:
-                    continue
-                fitted = False
-                for parallel in _configs_at(group.base, shape, dp):
-                    found = group.plans_of(parallel, shape.micro_batch_size, limit, headroom, tally)
-                    fitted = fitted or bool(found)
-                    plans += _accepted(
-                        found, parallel, shape.micro_batch_size, limit, headroom, tally, group, plan_filter
-                    )
-                exhausted = not fitted  # memory only: a filter's refusals say nothing about smaller dp
+            if dps and _lower_bound(group.base, shape, dps[0]) <= limit:
+                plans += _dp_scan(group, shape, dps, limit, headroom, tally, plan_filter)
     if not plans and prune:
         # Nothing fits: search again for the least memory per GPU any configuration needs (for the error),
         # bounding by the best footprint found instead of the GPU's capacity.
@@ -449,6 +427,52 @@ def enumerate_plans(
             plan_filter=plan_filter,
         )
     return PlanSearch(plans=rank_plans(plans), min_device_bytes=tally.min_device, num_evaluated=tally.evaluated)
+
+
+def _gpu_groups(job: JobSpec, cluster: ClusterSpec) -> dict[tuple[str, int, int, str], list[GpuType]]:
+    """The cluster's GPU types by (precision, node size, GPU count, attention kernel): one search each."""
+    groups: dict[tuple[str, int, int, str], list[GpuType]] = {}
+    for gpu in cluster.gpu_types():
+        # bf16 and fp16 take the same bytes everywhere, so their GPUs share one search.
+        precision = effective_precision(gpu, job.training.precision).replace("fp16", "bf16")
+        key = (precision, cluster.gpus_per_node_of(gpu.name), cluster.num_gpus_of(gpu.name), attention_on(gpu, job))
+        groups.setdefault(key, []).append(gpu)
+    return groups
+
+
+def _headroom_of(job: JobSpec, headroom: float | None, fit: MemoryFit) -> float:
+    """The headroom fraction a search admits plans with: the caller's, else the job's, else the fit's."""
+    if headroom is None:
+        headroom = job.training.memory_headroom
+    if headroom is None:
+        headroom = fit.headroom_fraction
+    check_headroom("headroom", headroom)
+    return headroom
+
+
+def _dp_scan(
+    group: _Group,
+    shape: _Shape,
+    dps: list[int],
+    limit: int,
+    headroom: float,
+    tally: _Tally,
+    plan_filter: Callable[[Plan], bool] | None,
+) -> list[Plan]:
+    """The accepted plans of one shape over its dp degrees, largest first; after the first dp >= 2 where
+    nothing fits, the remaining dp >= 2 are skipped (:func:`enumerate_plans`)."""
+    plans: list[Plan] = []
+    exhausted = False
+    for dp in dps:
+        if exhausted and dp >= 2:
+            continue
+        fitted = False
+        for parallel in _configs_at(group.base, shape, dp):
+            found = group.plans_of(parallel, shape.micro_batch_size, limit, headroom, tally)
+            fitted = fitted or bool(found)
+            plans += _accepted(found, parallel, shape.micro_batch_size, limit, headroom, tally, group, plan_filter)
+        exhausted = not fitted  # memory only: a filter's refusals say nothing about smaller dp
+    return plans
 
 
 @dataclass(slots=True)
