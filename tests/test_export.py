@@ -53,7 +53,7 @@ def test_slurm_script_asks_for_typed_gres_and_runs_torchrun_per_node(tmp_path: P
     job_json = script.split("<<'FRENZY_JOB'\n", 1)[1].split("\nFRENZY_JOB", 1)[0]
     assert parse_job(json.loads(job_json)) == parse_job(TINY)
     plan_json = json.loads(script.split("<<'FRENZY_PLAN'\n", 1)[1].split("\nFRENZY_PLAN", 1)[0])
-    assert plan_json == {"parallel": {"dp": 4, "tp": 4}, "micro_batch_size": 2}
+    assert plan_json == placement["plan"]  # the worker reads the plan as written (plan_layout)
     (tmp_path / "job.sbatch").write_text(script, encoding="utf-8")
     assert subprocess.run(["bash", "-n", str(tmp_path / "job.sbatch")]).returncode == 0
 

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import replace
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from frenzy_opt.core.spec import JobSpec, parse_job
+from frenzy_opt.core.spec import JobSpec, parse_job, plan_layout
 from frenzy_opt.hardware.cluster import ClusterSpec, parse_cluster
 from frenzy_opt.hardware.gpus import lookup_gpu
 from frenzy_opt.planning.plans import (
@@ -91,6 +92,25 @@ def test_every_plan_is_valid_and_fits(model: str, gpu: str, nodes: int, per_node
         assert p.dp % p.ep == 0 and arch.num_experts % p.ep == 0
         assert plan.device_used_bytes <= plan.capacity_bytes == lookup_gpu(gpu).memory_bytes
         assert plan.peak_allocated_bytes <= plan.peak_reserved_bytes <= plan.device_used_bytes
+
+
+def test_a_plan_reads_back_from_its_dict_and_bad_fields_are_named() -> None:
+    plans = enumerate_plans(_job("llama2-7b"), _cluster(("A100-SXM4-80GB", 2, 8))).plans[:20]
+    assert [Plan.from_dict(p.to_dict()) for p in plans] == [replace(p, num_micro_batches=None) for p in plans]
+    data = plans[0].to_dict()
+    old = {"parallel": plans[0].parallel.to_dict(), "micro_batch_size": plans[0].micro_batch_size}
+    assert plan_layout(old) == plan_layout(data) == (plans[0].parallel, plans[0].micro_batch_size)
+    for bad, message in [
+        ({**data, "speed": 1}, "unknown field(s) speed"),
+        ({k: v for k, v in data.items() if k != "gpu_type"}, "plan.gpu_type is required"),
+        ({**data, "num_gpus": True}, "plan.num_gpus must be an integer"),
+        ({**data, "num_gpus": data["num_gpus"] + 1}, "must equal dp x tp x pp x cp"),
+        ({**data, "micro_batch_size": 0}, "plan.micro_batch_size must be a positive integer"),
+        ({**data, "parallel": {**data["parallel"], "micro_batch_size": 7}}, "differs from plan.micro_batch_size"),
+        ({**data, "parallel": {"dq": 2}, "micro_batch_size": 1}, "plan.parallel: unknown field(s) dq"),
+    ]:
+        with pytest.raises(ValueError, match=re.escape(message)):
+            Plan.from_dict(bad)
 
 
 def test_pinned_fields_are_kept() -> None:

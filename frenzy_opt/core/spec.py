@@ -61,6 +61,11 @@ class TrainingConfig:
                 f"training.micro_batch_size ({self.micro_batch_size})"
             )
 
+    def num_micro_batches(self, dp: int, micro_batch_size: int | None = None) -> int:
+        """Micro-batches per step on each data-parallel rank (gradient-accumulation steps),
+        ``global_batch / (micro_batch x dp)`` and at least one; ``micro_batch_size`` defaults to the job's."""
+        return max(self.global_batch_size // ((micro_batch_size or self.micro_batch_size) * dp), 1)
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ParallelConfig:
@@ -293,3 +298,27 @@ def load_mapping(path: str | Path) -> dict[str, Any]:
 
 def load_job(path: str | Path) -> JobSpec:
     return parse_job(load_mapping(path))
+
+
+def plan_layout(data: dict[str, Any]) -> tuple[ParallelConfig, int]:
+    """The parallel config and micro-batch size of a plan mapping: the shape of
+    :meth:`frenzy_opt.planning.plans.Plan.to_dict` (the micro-batch size both at the top and inside
+    ``parallel``), or only its ``parallel`` and ``micro_batch_size`` (what a run folder's ``plan.json`` held
+    before it carried the whole plan, and what a hand-written placement file may give). Parallel fields left
+    out take :class:`ParallelConfig`'s defaults; ``ValueError`` names a bad field."""
+    raw = data.get("parallel")
+    if not isinstance(raw, dict):
+        raise ValueError(f"plan.parallel is required: a mapping of {', '.join(PARALLEL_FIELDS)}")
+    given = dict(raw)
+    inner = given.pop("micro_batch_size", None)
+    unknown = sorted(set(given) - set(PARALLEL_FIELDS))
+    if unknown:
+        raise ValueError(f"plan.parallel: unknown field(s) {', '.join(unknown)}; allowed: {', '.join(PARALLEL_FIELDS)}")
+    micro = data.get("micro_batch_size", inner)
+    if micro is None:
+        raise ValueError("plan.micro_batch_size is required")
+    if isinstance(micro, bool) or not isinstance(micro, int) or micro < 1:
+        raise ValueError(f"plan.micro_batch_size must be a positive integer, got {micro!r}")
+    if inner is not None and inner != micro:
+        raise ValueError(f"plan.parallel.micro_batch_size ({inner!r}) differs from plan.micro_batch_size ({micro})")
+    return ParallelConfig(**given), micro

@@ -91,7 +91,7 @@ def launch_job(
         "job": spec.to_mapping(),
         "state": "succeeded" if info.ok else "failed",
         "cause": info.cause,
-        "plan": {**plan.to_dict(), "micro_batch_size": plan.micro_batch_size},
+        "plan": plan.to_dict(),
         "placement": {"nodes": list(names), "gpus_per_node": option.gpus_per_node},
         "steps_run": measured.get("steps_run", 0),
         "loss_first": measured.get("loss_first"),

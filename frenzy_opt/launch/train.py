@@ -70,7 +70,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from frenzy_opt.core.spec import JobSpec, ParallelConfig, parse_job
+from frenzy_opt.core.spec import JobSpec, ParallelConfig, parse_job, plan_layout
 from frenzy_opt.launch.executors.local import worker_supports
 from frenzy_opt.models.reference import ReferenceDecoder
 from frenzy_opt.prediction.marp.stages import chunk_layer_counts
@@ -95,8 +95,9 @@ class Layout:
 def check_plan(job: JobSpec, parallel: ParallelConfig, micro_batch_size: int, world: int) -> int:
     """The number of micro-batches per step; ``ValueError`` names what this worker cannot run."""
     per_step = micro_batch_size * parallel.dp
+    num_micro = job.training.num_micro_batches(parallel.dp, micro_batch_size)
     # The same rule the executors' filter applies (worker_supports), with this step's micro-batch count.
-    reason = worker_supports(parallel, job.model, job.training.global_batch_size // per_step)
+    reason = worker_supports(parallel, job.model, num_micro)
     if reason is not None:
         raise ValueError(f"train: the worker runs {SUPPORTED}; not {reason}")
     if parallel.num_gpus != world:
@@ -109,7 +110,7 @@ def check_plan(job: JobSpec, parallel: ParallelConfig, micro_batch_size: int, wo
             f"train: global_batch_size {job.training.global_batch_size} must be a multiple of "
             f"micro_batch_size x dp = {per_step}"
         )
-    return job.training.global_batch_size // per_step
+    return num_micro
 
 
 def build_full_model(job: JobSpec, seed: int) -> ReferenceDecoder:
@@ -522,14 +523,12 @@ def lingering_threads() -> list[str]:
 
 
 def _load_plans(job: JobSpec, path: str) -> list[tuple[JobSpec, ParallelConfig]]:
-    """The plans of ``--plan``: one ``{parallel, micro_batch_size}`` object or a list of them."""
+    """The plans of ``--plan``: one plan mapping (:func:`frenzy_opt.core.spec.plan_layout`) or a list of them."""
     loaded = json.loads(Path(path).read_text(encoding="utf-8"))
     plans = []
     for plan in loaded if isinstance(loaded, list) else [loaded]:
-        parallel = ParallelConfig(**plan["parallel"])
-        plans.append(
-            (job.with_parallel(parallel, int(plan.get("micro_batch_size", job.training.micro_batch_size))), parallel)
-        )
+        parallel, micro_batch_size = plan_layout(plan)
+        plans.append((job.with_parallel(parallel, micro_batch_size), parallel))
     if not plans:
         raise ValueError(f"train: {path} holds no plan")
     return plans
@@ -541,7 +540,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--plan",
         required=True,
-        help="JSON: {parallel: {...}, micro_batch_size: n}, or a list of them trained in turn in one process group",
+        help="JSON: a plan ({parallel: {...}, micro_batch_size: n, ...}, as `frenzy plan --json` prints one), "
+        "or a list of them trained in turn in one process group",
     )
     parser.add_argument("--steps", type=int, help="steps to train (default: the spec's train_steps)")
     parser.add_argument("--seed", type=int, default=0)

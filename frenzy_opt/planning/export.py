@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from frenzy_opt.core.spec import load_mapping, parse_job
+from frenzy_opt.core.spec import load_mapping, parse_job, plan_layout
 
 TARGETS = ("slurm", "k8s")
 
@@ -45,9 +45,13 @@ def load_placement(path: str | Path) -> dict[str, Any]:
         job = load_mapping((Path(path).parent / job) if not Path(job).is_absolute() else Path(job))
     parse_job(job)  # the spec must be valid
     plan, placement = data["plan"], data["placement"]
-    for field in ("gpu_type", "num_gpus", "parallel"):
+    for field in ("gpu_type", "num_gpus"):
         if field not in plan:
             raise ValueError(f"placement file: plan.{field} is required")
+    try:
+        plan_layout(plan)
+    except ValueError as err:
+        raise ValueError(f"placement file: {err}") from None
     nodes = placement.get("nodes")
     per_node = placement.get("gpus_per_node")
     if not isinstance(nodes, list) or not nodes or not isinstance(per_node, int) or per_node < 1:
@@ -60,13 +64,6 @@ def load_placement(path: str | Path) -> dict[str, Any]:
 def _name(placement: dict[str, Any]) -> str:
     raw = str(placement["job"].get("name") or "frenzy-job").lower()
     return re.sub(r"[^a-z0-9-]+", "-", raw).strip("-")[:50] or "frenzy-job"
-
-
-def _plan_file(placement: dict[str, Any]) -> dict[str, Any]:
-    plan = placement["plan"]
-    parallel = {k: v for k, v in plan["parallel"].items() if k != "micro_batch_size"}
-    micro = plan.get("micro_batch_size") or plan["parallel"].get("micro_batch_size") or 1
-    return {"parallel": parallel, "micro_batch_size": micro}
 
 
 def gres_type(gpu_type: str) -> str:
@@ -89,7 +86,7 @@ def to_slurm(
     per_node = int(placement["placement"]["gpus_per_node"])
     gpu = placement["plan"]["gpu_type"]
     job_json = json.dumps(placement["job"], sort_keys=True)
-    plan_json = json.dumps(_plan_file(placement), sort_keys=True)
+    plan_json = json.dumps(placement["plan"], sort_keys=True)
     steps_arg = f" --steps {steps}" if steps else ""
     lines = [
         "#!/bin/bash",
@@ -161,7 +158,7 @@ def to_k8s(placement: dict[str, Any], *, steps: int | None = None, image: str = 
         "metadata": {"name": f"{name}-spec"},
         "data": {
             "job.json": json.dumps(placement["job"], sort_keys=True),
-            "plan.json": json.dumps(_plan_file(placement), sort_keys=True),
+            "plan.json": json.dumps(placement["plan"], sort_keys=True),
         },
     }
     container = {

@@ -33,6 +33,7 @@ from frenzy_opt.core.spec import (
     ParallelConfig,
     TrainingConfig,
     check_headroom,
+    plan_layout,
 )
 from frenzy_opt.hardware.cluster import ClusterSpec
 from frenzy_opt.hardware.gpus import GpuType
@@ -115,6 +116,73 @@ class Plan:
             "est_runtime_s": self.est_runtime_s,
             "memory_risk": self.memory_risk,
         }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Plan:
+        """The plan :meth:`to_dict` wrote (``headroom_bytes`` is derived and not read back); ``ValueError``
+        names a missing, unknown or ill-typed field."""
+        if not isinstance(data, dict):
+            raise ValueError(f"plan must be a mapping, got {data!r}")
+        unknown = sorted(set(data) - _PLAN_KEYS)
+        if unknown:
+            raise ValueError(f"plan: unknown field(s) {', '.join(unknown)}; allowed: {', '.join(sorted(_PLAN_KEYS))}")
+        parallel, micro_batch_size = plan_layout(data)
+        values: dict[str, Any] = {}
+        for name, kind in _PLAN_FIELDS.items():
+            if name not in data:
+                if name in _PLAN_REQUIRED:
+                    raise ValueError(f"plan.{name} is required")
+                continue
+            value = data[name]
+            if value is None and kind == _NUMBER:
+                values[name] = None
+            elif isinstance(value, bool) is not (kind is bool) or not isinstance(value, kind):
+                raise ValueError(f"plan.{name} must be {_KIND_NAMES[kind]}, got {value!r}")
+            else:
+                values[name] = float(value) if kind == _NUMBER else value
+        if values["num_gpus"] != parallel.num_gpus:
+            raise ValueError(f"plan.num_gpus ({values['num_gpus']}) must equal dp x tp x pp x cp ({parallel.num_gpus})")
+        return cls(parallel=parallel, micro_batch_size=micro_batch_size, **values)
+
+
+_NUMBER = (int, float)
+# What Plan.from_dict reads besides the layout: field -> accepted type (the step times may be null).
+_PLAN_FIELDS: dict[str, Any] = {
+    "gpu_type": str,
+    "num_gpus": int,
+    "precision": str,
+    "peak_allocated_bytes": int,
+    "peak_reserved_bytes": int,
+    "device_used_bytes": int,
+    "capacity_bytes": int,
+    "peak_allocated_upper_bytes": int,
+    "peak_reserved_upper_bytes": int,
+    "device_used_upper_bytes": int,
+    "required_headroom_bytes": int,
+    "step_time_s": _NUMBER,
+    "step_time_p10_s": _NUMBER,
+    "step_time_p90_s": _NUMBER,
+    "est_runtime_s": _NUMBER,
+    "memory_risk": bool,
+}
+_PLAN_REQUIRED = frozenset(
+    (
+        "gpu_type",
+        "num_gpus",
+        "precision",
+        "peak_allocated_bytes",
+        "peak_reserved_bytes",
+        "device_used_bytes",
+        "capacity_bytes",
+    )
+)
+_PLAN_KEYS = frozenset(_PLAN_FIELDS) | {"parallel", "micro_batch_size", "headroom_bytes"}
+_KIND_NAMES: dict[Any, str] = {
+    str: "a string",
+    int: "an integer",
+    _NUMBER: "a number or null",
+    bool: "true or false",
+}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -230,7 +298,7 @@ def _dp_choices(job: JobSpec, shape: _Shape, max_gpus: int) -> list[int]:
     for dp in _choices(job, "dp", _divisors(gbs)):
         if gbs % (dp * shape.micro_batch_size) or dp * shape.model_gpus > max_gpus:
             continue
-        if shape.vpp > 1 and (gbs // (dp * shape.micro_batch_size)) % shape.pp:
+        if shape.vpp > 1 and job.training.num_micro_batches(dp, shape.micro_batch_size) % shape.pp:
             continue
         valid.append(dp)
     return sorted(valid, reverse=True)
@@ -333,40 +401,18 @@ def enumerate_plans(
     anywhere, a second pass (``prune=False``) finds the least per-GPU footprint of any configuration for
     the error message, skipping shapes whose lower bound exceeds the best footprint found so far.
     """
-    groups: dict[tuple[str, int, int, str], list[GpuType]] = {}
-    for gpu in cluster.gpu_types():
-        # bf16 and fp16 take the same bytes everywhere, so their GPUs share one search.
-        precision = effective_precision(gpu, job.training.precision).replace("fp16", "bf16")
-        key = (precision, cluster.gpus_per_node_of(gpu.name), cluster.num_gpus_of(gpu.name), attention_on(gpu, job))
-        groups.setdefault(key, []).append(gpu)
-    if headroom is None:
-        headroom = job.training.memory_headroom
-    if headroom is None:
-        headroom = fit.headroom_fraction
-    check_headroom("headroom", headroom)
+    headroom = _headroom_of(job, headroom, fit)
     tally = _Tally()
     plans: list[Plan] = []
-    for (precision, gpus_per_node, max_gpus, attention), gpus in groups.items():
+    for (precision, gpus_per_node, max_gpus, attention), gpus in _gpu_groups(job, cluster).items():
         group = _Group(job, gpus, precision, attention, cluster, cuda=cuda, step_model=step_model, fit=fit)
         for shape in _shapes(job, gpus_per_node, max_gpus):
             # Feasibility search: nothing above the largest GPU matters. Minimum search (no plan anywhere):
             # nothing above the least footprint found so far does (branch and bound).
             limit = group.capacity if prune else (tally.min_device if tally.min_device is not None else sys.maxsize)
             dps = _dp_choices(job, shape, max_gpus)
-            if not dps or _lower_bound(group.base, shape, dps[0]) > limit:
-                continue
-            exhausted = False
-            for dp in dps:
-                if exhausted and dp >= 2:
-                    continue
-                fitted = False
-                for parallel in _configs_at(group.base, shape, dp):
-                    found = group.plans_of(parallel, shape.micro_batch_size, limit, headroom, tally)
-                    fitted = fitted or bool(found)
-                    plans += _accepted(
-                        found, parallel, shape.micro_batch_size, limit, headroom, tally, group, plan_filter
-                    )
-                exhausted = not fitted  # memory only: a filter's refusals say nothing about smaller dp
+            if dps and _lower_bound(group.base, shape, dps[0]) <= limit:
+                plans += _dp_scan(group, shape, dps, limit, headroom, tally, plan_filter)
     if not plans and prune:
         # Nothing fits: search again for the least memory per GPU any configuration needs (for the error),
         # bounding by the best footprint found instead of the GPU's capacity.
@@ -381,6 +427,52 @@ def enumerate_plans(
             plan_filter=plan_filter,
         )
     return PlanSearch(plans=rank_plans(plans), min_device_bytes=tally.min_device, num_evaluated=tally.evaluated)
+
+
+def _gpu_groups(job: JobSpec, cluster: ClusterSpec) -> dict[tuple[str, int, int, str], list[GpuType]]:
+    """The cluster's GPU types by (precision, node size, GPU count, attention kernel): one search each."""
+    groups: dict[tuple[str, int, int, str], list[GpuType]] = {}
+    for gpu in cluster.gpu_types():
+        # bf16 and fp16 take the same bytes everywhere, so their GPUs share one search.
+        precision = effective_precision(gpu, job.training.precision).replace("fp16", "bf16")
+        key = (precision, cluster.gpus_per_node_of(gpu.name), cluster.num_gpus_of(gpu.name), attention_on(gpu, job))
+        groups.setdefault(key, []).append(gpu)
+    return groups
+
+
+def _headroom_of(job: JobSpec, headroom: float | None, fit: MemoryFit) -> float:
+    """The headroom fraction a search admits plans with: the caller's, else the job's, else the fit's."""
+    if headroom is None:
+        headroom = job.training.memory_headroom
+    if headroom is None:
+        headroom = fit.headroom_fraction
+    check_headroom("headroom", headroom)
+    return headroom
+
+
+def _dp_scan(
+    group: _Group,
+    shape: _Shape,
+    dps: list[int],
+    limit: int,
+    headroom: float,
+    tally: _Tally,
+    plan_filter: Callable[[Plan], bool] | None,
+) -> list[Plan]:
+    """The accepted plans of one shape over its dp degrees, largest first; after the first dp >= 2 where
+    nothing fits, the remaining dp >= 2 are skipped (:func:`enumerate_plans`)."""
+    plans: list[Plan] = []
+    exhausted = False
+    for dp in dps:
+        if exhausted and dp >= 2:
+            continue
+        fitted = False
+        for parallel in _configs_at(group.base, shape, dp):
+            found = group.plans_of(parallel, shape.micro_batch_size, limit, headroom, tally)
+            fitted = fitted or bool(found)
+            plans += _accepted(found, parallel, shape.micro_batch_size, limit, headroom, tally, group, plan_filter)
+        exhausted = not fitted  # memory only: a filter's refusals say nothing about smaller dp
+    return plans
 
 
 @dataclass(slots=True)
@@ -467,7 +559,7 @@ class _Group:
                         step_time_p10_s=low,
                         step_time_p90_s=high,
                         memory_risk=risky,
-                        num_micro_batches=job.training.global_batch_size // (micro_batch_size * parallel.dp),
+                        num_micro_batches=job.training.num_micro_batches(parallel.dp, micro_batch_size),
                     )
                 )
         return out
@@ -542,7 +634,7 @@ def _lower_bound(job: JobSpec, shape: _Shape, dp: int) -> float:
         sp=shape.sequence_parallel,
         recompute=shape.recompute,
     )
-    microbatches = max(training.global_batch_size // (shape.micro_batch_size * dp), 1)
+    microbatches = training.num_micro_batches(dp, shape.micro_batch_size)
     in_flight = in_flight_layer_microbatches(chunks, 0, shape.pp, microbatches)
     loss = acts.loss + acts.loss_backward if shape.pp == 1 else 0
     # Flash attention keeps the least of the two kernels, so its activations bound any attention choice.

@@ -17,7 +17,7 @@ import statistics
 from dataclasses import dataclass, replace
 from typing import Any
 
-from frenzy_opt.core.spec import JobSpec, ParallelConfig
+from frenzy_opt.core.spec import JobSpec, plan_layout
 from frenzy_opt.hardware.cluster import ClusterSpec
 from frenzy_opt.hardware.gpus import GpuType, lookup_gpu
 from frenzy_opt.hardware.topology import links_for
@@ -53,8 +53,7 @@ def sample_of(
     """The sample of a finished run from its stored plan and measurement (None without a step time)."""
     if not measured or not measured.get("step_time_s") or not plan:
         return None
-    parallel = ParallelConfig(**{k: v for k, v in plan["parallel"].items() if k != "micro_batch_size"})
-    job = spec.with_parallel(parallel, int(plan["micro_batch_size"]))
+    job = spec.with_parallel(*plan_layout(plan))
     job = replace(job, training=replace(job.training, precision=plan["precision"]))
     gpu = lookup_gpu(plan["gpu_type"])
     links = links_for(cluster, gpu.name)

@@ -545,7 +545,7 @@ def _layer_linear_dims(arch: ModelArch, tp: int) -> tuple[float, float]:
 
 def step_terms_of(arch: ModelArch, t: TrainingConfig, p: ParallelConfig) -> StepTerms:
     """:func:`step_terms` from the parts of a job spec."""
-    microbatches = max(t.global_batch_size // (t.micro_batch_size * p.dp), 1)
+    microbatches = t.num_micro_batches(p.dp)
     act = DTYPE_BYTES["bf16" if t.precision == "fp8" else t.precision]
     seq = t.seq_len
     tokens = t.micro_batch_size * math.ceil(seq / p.cp)

@@ -202,7 +202,7 @@ def step_microbatches(job: JobSpec, cap: int | None) -> tuple[int, int]:
     the first micro-batch of a non-pipelined step and after 1F1B's warm-up, so ``cap`` (default pp + 1)
     bounds the run without changing the peak."""
     t, p = job.training, job.parallel
-    total = max(t.global_batch_size // (t.micro_batch_size * p.dp), 1)
+    total = t.num_micro_batches(p.dp)
     limit = cap if cap is not None else p.pp + 1
     return total, max(1, min(total, max(limit, 2 if total >= 2 else 1)))
 

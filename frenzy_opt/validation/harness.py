@@ -73,8 +73,7 @@ def _default_dtype(dtype: torch.dtype) -> Iterator[None]:
 def build_rank(job: JobSpec, stage: int) -> tuple[ReferenceDecoder, int]:
     """The rank's module and how many micro-batches it keeps in flight."""
     p, t = job.parallel, job.training
-    num_microbatches = t.global_batch_size // (t.micro_batch_size * p.dp)
-    shape = stage_shape(job.model.num_layers, p.pp, p.vpp, stage, max(num_microbatches, 1))
+    shape = stage_shape(job.model.num_layers, p.pp, p.vpp, stage, t.num_micro_batches(p.dp))
     shard = ShardSpec(
         tp=p.tp,
         ep=p.ep,

@@ -442,6 +442,7 @@ def runs_from_reports(paths: Sequence[str | Path]) -> list[StepRun]:
     """Measured runs from the launcher's JSON reports (``frenzy launch ... --json``): the job, the plan it
     ran and the placement's node size; the measured median step time."""
     from frenzy_opt.core.spec import parse_job
+    from frenzy_opt.planning.plans import Plan
 
     runs = []
     for path in paths:
@@ -450,11 +451,10 @@ def runs_from_reports(paths: Sequence[str | Path]) -> list[StepRun]:
         except (OSError, ValueError) as err:
             raise ValueError(f"cannot read launcher report {path}: {err}") from None
         try:
-            plan, measured = report["plan"], report.get("measured") or {}
-            parallel = ParallelConfig(**{k: v for k, v in plan["parallel"].items() if k != "micro_batch_size"})
-            job = parse_job(report["job"]).with_parallel(parallel, int(plan["micro_batch_size"]))
-            job = replace(job, training=replace(job.training, precision=plan["precision"]))
-            gpu = lookup_gpu(plan["gpu_type"])
+            plan, measured = Plan.from_dict(report["plan"]), report.get("measured") or {}
+            job = parse_job(report["job"]).with_parallel(plan.parallel, plan.micro_batch_size)
+            job = replace(job, training=replace(job.training, precision=plan.precision))
+            gpu = lookup_gpu(plan.gpu_type)
             per_node = int((report.get("placement") or {}).get("gpus_per_node") or job.parallel.num_gpus)
         except (KeyError, TypeError, ValueError) as err:
             raise ValueError(f"launcher report {path}: missing or invalid field: {err}") from None

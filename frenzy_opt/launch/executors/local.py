@@ -99,9 +99,7 @@ def prepare_run(workdir: Path, launch: Launch, max_steps: int | None) -> tuple[P
     job_dir = workdir / launch.job_id
     job_dir.mkdir(parents=True, exist_ok=True)
     (job_dir / "job.json").write_text(json.dumps(launch.spec.to_mapping()), encoding="utf-8")
-    plan = launch.option.plan
-    payload = {"parallel": plan.parallel.to_dict(), "micro_batch_size": plan.micro_batch_size}
-    (job_dir / "plan.json").write_text(json.dumps(payload), encoding="utf-8")
+    (job_dir / "plan.json").write_text(json.dumps(launch.option.plan.to_dict()), encoding="utf-8")
     (job_dir / "report.jsonl").unlink(missing_ok=True)
     steps = launch.spec.training.train_steps
     return job_dir, steps if max_steps is None else min(max_steps, steps)

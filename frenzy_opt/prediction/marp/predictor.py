@@ -183,11 +183,6 @@ def param_terms(arch: ModelArch, tp: int, ep: int, pp: int, num_layers: int, fir
     )
 
 
-def num_microbatches(training: TrainingConfig, parallel: ParallelConfig) -> int:
-    """Micro-batches per step on each data-parallel rank (gradient-accumulation steps)."""
-    return max(training.global_batch_size // (training.micro_batch_size * parallel.dp), 1)
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Phase:
     """One moment of the step that can hold the peak, beyond the model states and (if ``holds_activations``)
@@ -220,8 +215,7 @@ class StageModel:
     acts: act.ActivationTerms
     layout: StateLayout
     adafactor: bool
-    global_batch_size: int
-    micro_batch_size: int
+    training: TrainingConfig
     phases: tuple[Phase, ...]
     max_extra_with_activations: int
     """Largest ``extra_bytes`` of the phases that hold the activations (derived from ``phases``)."""
@@ -255,7 +249,7 @@ class StageModel:
 
     def activations(self, dp: int) -> int:
         """Activations of every in-flight micro-batch at the stage's peak, bytes."""
-        microbatches = max(self.global_batch_size // (self.micro_batch_size * dp), 1)
+        microbatches = self.training.num_micro_batches(dp)
         in_flight = in_flight_layer_microbatches(self.chunk_layers, self.stage, self.pp, microbatches)
         held = int(in_flight * self.num_layers * self.acts.layer)
         if self.has_embedding:
@@ -335,8 +329,7 @@ def stage_model_of(arch: ModelArch, training: TrainingConfig, parallel: Parallel
         acts=acts,
         layout=layout,
         adafactor=training.optimizer == "adafactor",
-        global_batch_size=training.global_batch_size,
-        micro_batch_size=training.micro_batch_size,
+        training=training,
         phases=tuple(phases),
         max_extra_with_activations=max(p.extra_bytes for p in phases if p.holds_activations),
         max_extra_without_activations=max(p.extra_bytes for p in phases if not p.holds_activations),
