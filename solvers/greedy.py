@@ -46,6 +46,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 from frenzy_opt.core.protocols import Admission
@@ -208,6 +209,45 @@ class _Reservation:
                 found = self.counts[self.size] >= option.whole_nodes
             self._fits[key] = found
         return found
+
+
+@dataclass(slots=True)
+class _Choice:
+    """A job's best option so far in one decision: its cost, its estimated end, and either the nodes it
+    starts on now or (``nodes`` None) the index in the type's horizon of the running job's end it waits for
+    (-1: none it knows of)."""
+
+    cost: float
+    end: float
+    option: Option
+    nodes: tuple[int, ...] | None
+    wait_for: int
+
+
+class _NoChoice(Enum):
+    """Why a job got no option in a decision: admission refused every one, or (impatient) nothing fit now
+    and its wait was not planned."""
+
+    REFUSED = "refused"
+    UNPLANNED = "unplanned"
+
+
+@dataclass(slots=True)
+class _Round:
+    """What one call of :meth:`GreedyState.decide` carries from job to job."""
+
+    now: float
+    free_total: int  # free GPUs of every type
+    behind: float  # the weight queued behind the job being decided (module docstring: its GPU-seconds' price)
+    gpus: int  # GPUs in the cluster, at least 1
+    reserved: dict[str, _Reservation] = field(default_factory=dict)
+    # Like ``horizons``, dropped for a type when a job starts on it: where each placement shape fits now.
+    horizons: dict[str, _Horizon] = field(default_factory=dict)
+    fits: dict[tuple[str, int, int], tuple[int, ...] | None] = field(default_factory=dict)
+    # GPU-seconds ahead of a waiting job on each type: what runs there now, and what earlier jobs of this
+    # decision chose to wait for (the queue ahead, as a fluid: Harchol-Balter 2013, ch. 13).
+    ahead: dict[str, float] = field(default_factory=dict)
+    analysed: int = 0  # impatient: jobs whose wait this decision planned
 
 
 class _Queue(dict[str, ProblemJob]):
@@ -450,132 +490,152 @@ class GreedyState:
         what each job the decision reached and left queued waits for."""
         self.waiting = {}
         started: list[Assignment] = []
-        reserved: dict[str, _Reservation] = {}
-        horizons: dict[str, _Horizon] = {}
-        # Where each placement shape fits now; like ``horizons``, dropped for a type when a job starts on it.
-        fits: dict[tuple[str, int, int], tuple[int, ...] | None] = {}
         free_total = sum(index.count for index in self.free.values())
         if free_total == 0:
             return started  # nothing can start (the loop below would stop at its first job)
-        # GPU-seconds ahead of a waiting job on each type: what runs there now, and what earlier jobs of this
-        # decision chose to wait for (the queue ahead, as a fluid: Harchol-Balter 2013, ch. 13).
-        ahead: dict[str, float] = {}
         order = self._order(now)
-        analysed = 0  # impatient: jobs whose wait this decision planned
-        # The weight queued behind the job being decided (module docstring: the price of its GPU-seconds).
-        behind = sum(job.weight for job in order)
-        gpus = max(sum(self.capacity.values()), 1)
+        round_ = _Round(
+            now=now,
+            free_total=free_total,
+            behind=sum(job.weight for job in order),
+            gpus=max(sum(self.capacity.values()), 1),
+        )
         for job in order:
-            behind -= job.weight
-            if free_total == 0:
+            round_.behind -= job.weight
+            if round_.free_total == 0:
                 break  # nothing can start; the remaining jobs' reservations would block nothing
-            weight, deadline = job.weight, job.deadline_s
-            # (cost, end, option, nodes if it starts now, index of the end it waits for)
-            best: tuple[float, float, Option, tuple[int, ...] | None, int] | None = None
-            # Impatient, a job waits only when nothing fits now; once every type holds a reservation, how
-            # long it would wait changes no start of this decision (only what :attr:`waiting` says).
-            plan_wait = False
-            if self.patient:
-                passes: tuple[bool, ...] = (False,)
-            else:
-                fewest = self._fewest[job.id]
-                room = any(self.free[t].count >= n for t, n in fewest.items())  # else nothing can fit now
-                plan_wait = len(reserved) < len(self.free) and analysed < IMPATIENT_WAITS
-                passes = ((True,) if room else ()) + ((False,) if plan_wait else ())
-            refused = admitted = False  # whether admission refused an option, and let one through
-            for now_only in passes:
-                for option in self._by_duration(job):
-                    if best is not None and best[0] <= weight * option.duration_s:
-                        break  # this option and every longer one cost no less than the best so far
-                    if admit is not None and not admit.allows(job.id, option):
-                        refused = True
-                        continue
-                    admitted = True
-                    gpu_type = option.gpu_type
-                    shape = (gpu_type, option.num_gpus, option.whole_nodes)
-                    if shape in fits:
-                        nodes = fits[shape]
-                    else:
-                        nodes = fits[shape] = self.free[gpu_type].fit(option)
-                    reservation = reserved.get(gpu_type)
-                    fits_now = nodes is not None and (
-                        reservation is None
-                        or now + option.duration_s <= reservation.start
-                        or all(reservation.left[n] >= option.gpus_per_node for n in nodes)
-                    )
-                    if now_only and not fits_now:
-                        continue
-                    used = self._used(behind, option, gpus)
-                    if fits_now:
-                        end, index = now + option.duration_s, -1
-                    else:
-                        floor = now + self._ahead(gpu_type, now, ahead) / self.capacity[gpu_type]
-                        if best is not None and best[0] <= weight * (floor + option.duration_s - now) + used:
-                            continue  # even the queue ahead alone makes it cost no less than the best
-                        horizon = self._horizon(gpu_type, horizons)
-                        index = horizon.earliest(option)
-                        start = float("inf") if index < 0 else max(horizon.ends[index], now)
-                        if (
-                            reservation is not None
-                            and start >= reservation.start
-                            and not reservation.fits_alongside(option)
-                        ):
-                            start = max(start, reservation.end)  # it queues behind the reserved job
-                        start = max(start, floor)
-                        end, nodes = start + option.duration_s, None
-                    cost = weight * (end - now) + used
-                    if deadline is not None and end > deadline:
-                        cost += LATE_PENALTY * weight * (end - deadline)
-                    # impatient: waiting must beat the best plan that fits now by WAIT_GAIN
-                    bar = WAIT_GAIN if nodes is None and best is not None and best[3] is not None else 1.0
-                    if best is None or cost < best[0] * bar:
-                        best = (cost, end, option, nodes, index)
-                if best is not None and (not now_only or WAIT_GAIN <= 0.0 or not plan_wait):
-                    break  # impatient: something fits now, take the best of that
-            if not self.patient and best is not None and best[3] is None:
-                analysed += 1
-            if best is None:  # admission ruled out every option, or (impatient) its wait was not planned
-                if refused and not admitted:  # None: admission's doing; an unplanned wait has no entry
-                    self.waiting[job.id] = (None, float("inf"))
-                continue
-            _, end, option, nodes, index = best
-            gpu_type = option.gpu_type
-            if nodes is None:
-                self.waiting[job.id] = (option, end - option.duration_s)
-                if end != float("inf"):
-                    ahead[gpu_type] = self._ahead(gpu_type, now, ahead) + option.num_gpus * option.duration_s
-                if index >= 0 and gpu_type not in reserved:
-                    horizon = self._horizon(gpu_type, horizons)
-                    reserved[gpu_type] = _Reservation(
-                        option, end - option.duration_s, horizon.free_after(index), self.free[gpu_type].size
-                    )
-                continue
-            reservation = reserved.get(gpu_type)
-            if reservation is not None and end > reservation.start:
-                taken = reservation.take(nodes, option.gpus_per_node)
-                assert taken
-            per_node = option.gpus_per_node
-            for node in nodes:
-                self.free[gpu_type].change(node, -per_node)
-            free_total -= option.num_gpus
-            if gpu_type in ahead:
-                ahead[gpu_type] += option.num_gpus * option.duration_s
-            horizons.pop(gpu_type, None)
-            for key in [k for k in fits if k[0] == gpu_type]:
-                del fits[key]
-            run = _Running(
-                end_s=end, job=job.id, nodes=nodes, per_node=per_node, option=option, problem=job, start_s=now
-            )
-            self._first_start.setdefault(job.id, now)
-            self._push(run)
-            del self.queue[job.id]
-            for cache in (self._ranks, self._ranked_options, self._sorted, self._fewest):
-                del cache[job.id]
-            self._deadlines.discard(job.id)
-            if admit is not None:
-                admit.take(job.id, option)
-            started.append(Assignment(job=job.id, option=option, nodes=nodes, start_s=now, end_s=end))
+            choice = self._choose(job, round_, admit)
+            if choice is _NoChoice.REFUSED:
+                self.waiting[job.id] = (None, float("inf"))  # None: admission's doing
+            elif isinstance(choice, _Choice):
+                if choice.nodes is None:
+                    self._wait(job, choice, round_)
+                else:
+                    started.append(self._start(job, choice, choice.nodes, round_, admit))
         return started
+
+    def _choose(self, job: ProblemJob, round_: _Round, admit: Admission | None) -> _Choice | _NoChoice:
+        """The job's cheapest option this decision: shortest options first, stopping once no longer one can
+        cost less. Impatient, a job waits only when nothing fits now; once every type holds a reservation,
+        how long it would wait changes no start of this decision (only what :attr:`waiting` says)."""
+        best: _Choice | None = None
+        plan_wait = False
+        if self.patient:
+            passes: tuple[bool, ...] = (False,)
+        else:
+            fewest = self._fewest[job.id]
+            room = any(self.free[t].count >= n for t, n in fewest.items())  # else nothing can fit now
+            plan_wait = len(round_.reserved) < len(self.free) and round_.analysed < IMPATIENT_WAITS
+            passes = ((True,) if room else ()) + ((False,) if plan_wait else ())
+        refused = admitted = False  # whether admission refused an option, and let one through
+        for now_only in passes:
+            for option in self._by_duration(job):
+                if best is not None and best.cost <= job.weight * option.duration_s:
+                    break  # this option and every longer one cost no less than the best so far
+                if admit is not None and not admit.allows(job.id, option):
+                    refused = True
+                    continue
+                admitted = True
+                candidate = self._price(job, option, now_only, best, round_)
+                if candidate is None:
+                    continue
+                # impatient: waiting must beat the best plan that fits now by WAIT_GAIN
+                waits_instead = candidate.nodes is None and best is not None and best.nodes is not None
+                if best is None or candidate.cost < best.cost * (WAIT_GAIN if waits_instead else 1.0):
+                    best = candidate
+            if best is not None and (not now_only or WAIT_GAIN <= 0.0 or not plan_wait):
+                break  # impatient: something fits now, take the best of that
+        if best is not None:
+            return best
+        # admission ruled out every option, or (impatient) its wait was not planned
+        return _NoChoice.REFUSED if refused and not admitted else _NoChoice.UNPLANNED
+
+    def _price(
+        self, job: ProblemJob, option: Option, now_only: bool, best: _Choice | None, round_: _Round
+    ) -> _Choice | None:
+        """What ``option`` would cost the job: started now if it fits (next to the type's reservation), else
+        started when the horizon, the reservation and the queue ahead allow. None when ``now_only`` and it
+        does not fit now, or when waiting cannot beat ``best``."""
+        now, gpu_type = round_.now, option.gpu_type
+        shape = (gpu_type, option.num_gpus, option.whole_nodes)
+        if shape in round_.fits:
+            nodes = round_.fits[shape]
+        else:
+            nodes = round_.fits[shape] = self.free[gpu_type].fit(option)
+        reservation = round_.reserved.get(gpu_type)
+        fits_now = nodes is not None and (
+            reservation is None
+            or now + option.duration_s <= reservation.start
+            or all(reservation.left[n] >= option.gpus_per_node for n in nodes)
+        )
+        if now_only and not fits_now:
+            return None
+        used = self._used(round_.behind, option, round_.gpus)
+        index = -1
+        if fits_now:
+            end = now + option.duration_s
+        else:
+            floor = now + self._ahead(gpu_type, now, round_.ahead) / self.capacity[gpu_type]
+            if best is not None and best.cost <= job.weight * (floor + option.duration_s - now) + used:
+                return None  # even the queue ahead alone makes it cost no less than the best
+            horizon = self._horizon(gpu_type, round_.horizons)
+            index = horizon.earliest(option)
+            start = float("inf") if index < 0 else max(horizon.ends[index], now)
+            if reservation is not None and start >= reservation.start and not reservation.fits_alongside(option):
+                start = max(start, reservation.end)  # it queues behind the reserved job
+            start = max(start, floor)
+            end, nodes = start + option.duration_s, None
+        cost = job.weight * (end - now) + used
+        if job.deadline_s is not None and end > job.deadline_s:
+            cost += LATE_PENALTY * job.weight * (end - job.deadline_s)
+        return _Choice(cost=cost, end=end, option=option, nodes=nodes, wait_for=index)
+
+    def _wait(self, job: ProblemJob, choice: _Choice, round_: _Round) -> None:
+        """The job waits for its choice: say so in :attr:`waiting`, count its work into the queue ahead, and
+        reserve its start if it is the first to wait on the type (EASY backfilling)."""
+        option, gpu_type = choice.option, choice.option.gpu_type
+        if not self.patient:
+            round_.analysed += 1
+        self.waiting[job.id] = (option, choice.end - option.duration_s)
+        if choice.end != float("inf"):
+            round_.ahead[gpu_type] = (
+                self._ahead(gpu_type, round_.now, round_.ahead) + option.num_gpus * option.duration_s
+            )
+        if choice.wait_for >= 0 and gpu_type not in round_.reserved:
+            horizon = self._horizon(gpu_type, round_.horizons)
+            round_.reserved[gpu_type] = _Reservation(
+                option, choice.end - option.duration_s, horizon.free_after(choice.wait_for), self.free[gpu_type].size
+            )
+
+    def _start(
+        self, job: ProblemJob, choice: _Choice, nodes: tuple[int, ...], round_: _Round, admit: Admission | None
+    ) -> Assignment:
+        """Start the job on ``nodes`` now: take its GPUs (and, past the reserved start, the reservation's extra
+        ones), drop what this decision cached for the type, and move it from the queue to the running."""
+        now, end, option = round_.now, choice.end, choice.option
+        gpu_type, per_node = option.gpu_type, option.gpus_per_node
+        reservation = round_.reserved.get(gpu_type)
+        if reservation is not None and end > reservation.start:
+            taken = reservation.take(nodes, per_node)
+            assert taken
+        for node in nodes:
+            self.free[gpu_type].change(node, -per_node)
+        round_.free_total -= option.num_gpus
+        if gpu_type in round_.ahead:
+            round_.ahead[gpu_type] += option.num_gpus * option.duration_s
+        round_.horizons.pop(gpu_type, None)
+        for key in [k for k in round_.fits if k[0] == gpu_type]:
+            del round_.fits[key]
+        run = _Running(end_s=end, job=job.id, nodes=nodes, per_node=per_node, option=option, problem=job, start_s=now)
+        self._first_start.setdefault(job.id, now)
+        self._push(run)
+        del self.queue[job.id]
+        for cache in (self._ranks, self._ranked_options, self._sorted, self._fewest):
+            del cache[job.id]
+        self._deadlines.discard(job.id)
+        if admit is not None:
+            admit.take(job.id, option)
+        return Assignment(job=job.id, option=option, nodes=nodes, start_s=now, end_s=end)
 
     def _used(self, behind: float, option: Option, gpus: int) -> float:
         """The marginal-cost term of ``option``'s GPU-seconds (module docstring): the weight queued behind

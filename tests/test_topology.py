@@ -49,9 +49,9 @@ def test_placement_rule() -> None:
     assert topology.best_nodes("RTX-3090", 8, {2: 4, 3: 4, 4: 1}) == [2, 3]
 
 
-def test_slowest_link_inside_and_across_nodes() -> None:
+def test_links_read_from_the_graph() -> None:
     topology = _topology()
     a100 = lookup_gpu("A100-SXM4-80GB")
-    assert topology.slowest_link_gbyte_s([0]) == a100.intra_node_gbyte_s / 2
-    assert topology.slowest_link_gbyte_s([0, 1]) == 200 / 8  # the 200 Gb/s NIC
-    assert topology.slowest_link_gbyte_s([2]) == lookup_gpu("RTX-3090").pcie_gbyte_s / 2
+    assert topology.links("A100-SXM4-80GB").intra_node_gbyte_s == a100.intra_node_gbyte_s / 2
+    assert topology.links("A100-SXM4-80GB").nic_gbyte_s == 200 / 8  # the 200 Gb/s NIC
+    assert topology.links("RTX-3090").intra_node_gbyte_s == lookup_gpu("RTX-3090").pcie_gbyte_s / 2

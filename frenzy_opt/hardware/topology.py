@@ -151,21 +151,6 @@ class Topology:
         nodes = choose(Shape(num_gpus, whole), free, self.node_size(gpu_type))
         return None if nodes is None else list(nodes)
 
-    def slowest_link_gbyte_s(self, nodes: list[int]) -> float:
-        """The slowest link (GB/s per direction) on the paths between the GPUs of a placement."""
-        if len(set(nodes)) <= 1:
-            node = nodes[0]
-            return float(self.graph.edges[("gpu", node, 0), ("node", node)]["gbyte_s"])
-        return float(
-            min(
-                min(
-                    self.graph.edges[("gpu", n, 0), ("node", n)]["gbyte_s"],
-                    self.graph.edges[("node", n), ("network",)]["gbyte_s"],
-                )
-                for n in nodes
-            )
-        )
-
     def links(self, gpu_type: str) -> Links:
         """The links a plan on ``gpu_type`` sees, read from the graph (the type's largest node)."""
         indices = self.nodes_of(gpu_type)
