@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from frenzy_opt.core.enums import JobState
 from frenzy_opt.core.spec import ATTENTIONS, OPTIMIZERS, PRECISIONS, PRIORITY_RANGE, RECOMPUTES, RUNTIMES
 
 Precision = Literal[PRECISIONS]  # type: ignore[valid-type]
@@ -21,7 +22,7 @@ Runtime = Literal[RUNTIMES]  # type: ignore[valid-type]
 Recompute = Literal[RECOMPUTES]  # type: ignore[valid-type]
 Attention = Literal[ATTENTIONS]  # type: ignore[valid-type]
 
-STATES = Literal["queued", "scheduled", "running", "succeeded", "failed", "cancelled"]
+STATES = Literal[tuple(state.value for state in JobState)]  # type: ignore[valid-type]
 
 
 class _Strict(BaseModel):

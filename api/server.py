@@ -21,6 +21,7 @@ import uvicorn
 
 from frenzy_opt.api.app import ServiceConfig, create_app
 from frenzy_opt.api.auth import load_tenants
+from frenzy_opt.core.enums import TERMINAL_STATES
 from frenzy_opt.core.machine import free_port
 from frenzy_opt.hardware.cluster import ClusterSpec
 from frenzy_opt.launch.executors import make_executor
@@ -150,7 +151,7 @@ def _describe(item: dict[str, Any], name: str, now: float, age_s: float) -> str 
         return f"{clock} start   {name:<22} {plan['num_gpus']} x {plan['gpu_type']} {shape} on {nodes}; {hours:.2f} h"
     if item["state"] == "queued":
         return f"{clock} wait    {name:<22} {item['reason']}"
-    if item["state"] in ("succeeded", "failed", "cancelled"):
+    if item["state"] in TERMINAL_STATES:
         return f"{clock} {item['state']:<7} {name:<22} JCT {age_s / 3600:.2f} h"
     return None
 
@@ -206,7 +207,7 @@ def demo(
                     seen[item["id"]] = item["state"]
                     attempt[item["id"]] = item["attempts"]
                     name = ids[item["id"]]
-                    if item["state"] in ("succeeded", "failed", "cancelled"):
+                    if item["state"] in TERMINAL_STATES:
                         ended_at[item["id"]] = now
                     line = _describe(item, name, now, now - submitted_at[item["id"]])
                     if line:

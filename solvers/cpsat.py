@@ -64,17 +64,18 @@ from dataclasses import dataclass, field
 
 from ortools.sat.python import cp_model
 
+from frenzy_opt.core.enums import SolverStatus
 from frenzy_opt.hardware.placement import can_host
 from frenzy_opt.planning.problem import Assignment, Schedule, SchedulingProblem, check_schedule
 from frenzy_opt.solvers.base import register
 
 WEIGHT_SCALE = 1000
 STATUS = {
-    cp_model.OPTIMAL: "OPTIMAL",
-    cp_model.FEASIBLE: "FEASIBLE",
-    cp_model.INFEASIBLE: "INFEASIBLE",
-    cp_model.UNKNOWN: "UNKNOWN",
-    cp_model.MODEL_INVALID: "UNKNOWN",
+    cp_model.OPTIMAL: SolverStatus.OPTIMAL,
+    cp_model.FEASIBLE: SolverStatus.FEASIBLE,
+    cp_model.INFEASIBLE: SolverStatus.INFEASIBLE,
+    cp_model.UNKNOWN: SolverStatus.UNKNOWN,
+    cp_model.MODEL_INVALID: SolverStatus.UNKNOWN,
 }
 
 
@@ -424,7 +425,7 @@ class CpSatSolver:
             bound = (solver.best_objective_bound - offset) / WEIGHT_SCALE
         return Schedule(
             solver=self.name,
-            status=STATUS.get(code, "UNKNOWN"),
+            status=STATUS.get(code, SolverStatus.UNKNOWN),
             assignments=assignments,
             solve_time_s=time.perf_counter() - begin,
             bound=bound,

@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
+from frenzy_opt.core.enums import SolverStatus
 from frenzy_opt.core.protocols import Admission
 from frenzy_opt.hardware.placement import FreeIndex, choose
 from frenzy_opt.planning.problem import Assignment, Option, ProblemJob, Schedule, SchedulingProblem
@@ -858,7 +859,7 @@ class GreedyHAS:
             self.decision_times_s.append(time.perf_counter() - tick)
         return Schedule(
             solver=self.name,
-            status="FEASIBLE",
+            status=SolverStatus.FEASIBLE,
             assignments=tuple(assignments),
             solve_time_s=time.perf_counter() - start,
         )

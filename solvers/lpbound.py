@@ -19,6 +19,7 @@ import time
 
 import pulp
 
+from frenzy_opt.core.enums import SolverStatus
 from frenzy_opt.planning.problem import Schedule, SchedulingProblem
 from frenzy_opt.solvers.base import register
 
@@ -68,7 +69,7 @@ class LpBound:
         bound = lp_lower_bound(problem, slots=self.slots, time_limit_s=self.time_limit_s)
         return Schedule(
             solver=self.name,
-            status="OPTIMAL" if bound is not None else "UNKNOWN",
+            status=SolverStatus.OPTIMAL if bound is not None else SolverStatus.UNKNOWN,
             assignments=(),
             solve_time_s=time.perf_counter() - start,
             bound=bound,

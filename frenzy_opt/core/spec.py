@@ -14,17 +14,16 @@ from typing import Any
 
 import yaml
 
+from frenzy_opt.core.enums import Precision, Recompute, Runtime
 from frenzy_opt.models.arch import ModelArch
 from frenzy_opt.models.catalog import parse_model
 
-PRECISIONS = ("bf16", "fp16", "fp32", "fp8")
+PRECISIONS = tuple(member.value for member in Precision)
 OPTIMIZERS = ("adamw", "adam", "sgd", "adafactor")
-RUNTIMES = ("megatron", "fsdp2", "deepspeed", "hf")
-RECOMPUTES = ("none", "selective", "full")
-ZERO_STAGES_BY_RUNTIME = {"megatron": (0, 1, 2, 3), "deepspeed": (0, 1, 2, 3), "fsdp2": (2, 3), "hf": (0,)}
-"""ZeRO stages each runtime implements: Megatron-core's distributed optimizer (1) and Megatron FSDP's
-``optim_grads`` (2) and ``optim_grads_params`` (3); DeepSpeed ZeRO 1-3; FSDP2 ``fully_shard`` with
-``reshard_after_forward`` False (2) or True (3); Hugging Face Trainer on DDP (0)."""
+RUNTIMES = tuple(member.value for member in Runtime)
+RECOMPUTES = tuple(member.value for member in Recompute)
+ZERO_STAGES_BY_RUNTIME = {runtime.value: runtime.zero_stages for runtime in Runtime}
+"""ZeRO stages each runtime implements (:attr:`frenzy_opt.core.enums.Runtime.zero_stages`)."""
 ATTENTIONS = ("flash", "eager")
 
 

@@ -17,6 +17,7 @@ from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
+from frenzy_opt.core.enums import SolverStatus
 from frenzy_opt.core.spec import JobSpec
 from frenzy_opt.hardware.cluster import ClusterSpec
 from frenzy_opt.hardware.placement import per_node
@@ -93,7 +94,7 @@ class Schedule:
     """A solver's answer. ``bound`` is a proven lower bound on ``objective`` where the solver proves one."""
 
     solver: str
-    status: str
+    status: SolverStatus
     assignments: tuple[Assignment, ...]
     solve_time_s: float
     bound: float | None = None

@@ -63,6 +63,8 @@ from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
 
+from frenzy_opt.core.enums import ACTIVE_STATES, TERMINAL_STATES, JobState
+
 log = logging.getLogger(__name__)
 
 BUSY_TIMEOUT_S = 30.0
@@ -70,9 +72,9 @@ BUSY_TIMEOUT_S = 30.0
 https://www.sqlite.org/c3ref/busy_timeout.html; PostgreSQL's ``lock_timeout``,
 https://www.postgresql.org/docs/15/runtime-config-client.html)."""
 
-STATES = ("queued", "scheduled", "running", "succeeded", "failed", "cancelled")
-TERMINAL = ("succeeded", "failed", "cancelled")
-ACTIVE = ("queued", "scheduled", "running")
+STATES = tuple(JobState)
+TERMINAL = TERMINAL_STATES
+ACTIVE = ACTIVE_STATES
 
 
 class StoreUnavailable(RuntimeError):
