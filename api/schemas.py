@@ -13,7 +13,6 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from frenzy_opt.core.enums import JobState
 from frenzy_opt.core.spec import ATTENTIONS, OPTIMIZERS, PRECISIONS, PRIORITY_RANGE, RECOMPUTES, RUNTIMES
 
 Precision = Literal[PRECISIONS]  # type: ignore[valid-type]
@@ -22,7 +21,8 @@ Runtime = Literal[RUNTIMES]  # type: ignore[valid-type]
 Recompute = Literal[RECOMPUTES]  # type: ignore[valid-type]
 Attention = Literal[ATTENTIONS]  # type: ignore[valid-type]
 
-STATES = Literal[tuple(state.value for state in JobState)]  # type: ignore[valid-type]
+STATES = Literal["queued", "scheduled", "running", "succeeded", "failed", "cancelled"]
+"""The values of :class:`frenzy_opt.core.enums.JobState`, spelled out so that it stays a type."""
 
 
 class _Strict(BaseModel):

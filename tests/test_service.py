@@ -7,6 +7,7 @@ import asyncio
 import json
 import re
 import time
+import typing
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,8 @@ from fastapi.testclient import TestClient
 
 from frenzy_opt.api.app import ServiceConfig, Throttled, create_app
 from frenzy_opt.api.auth import parse_tenants
+from frenzy_opt.api.schemas import STATES
+from frenzy_opt.core.enums import JobState
 from frenzy_opt.core.spec import parse_job
 from frenzy_opt.launch.executors.simulated import SimulatedExecutor
 from frenzy_opt.planning.scenario import load_cluster_ref
@@ -342,3 +345,7 @@ def test_the_dashboard_and_the_docs_are_served_without_another_host(fast: TestCl
             assert fast.get(source).status_code == 200, source
     assert "fonts.googleapis" not in fast.get("/redoc").text
     assert "/docs" not in fast.get("/openapi.json").json()["paths"]
+
+
+def test_the_api_state_filter_names_every_job_state() -> None:
+    assert set(typing.get_args(STATES)) == set(JobState)
