@@ -48,6 +48,7 @@ from frenzy_opt.hardware.cluster import ClusterSpec
 from frenzy_opt.planning.plans import NoFeasiblePlan, search_or_fail
 from frenzy_opt.prediction.closedloop import memory_errors
 from frenzy_opt.prediction.steptime import StepTimeModel
+from frenzy_opt.service.accounting import Held, held, usage
 from frenzy_opt.service.orchestrator import Orchestrator, new_job_id
 from frenzy_opt.service.store import (
     BUSY_TIMEOUT_S,
@@ -68,6 +69,7 @@ Auth = Annotated[str | None, Header(description="`Bearer <token>`; not needed in
 JobIdPath = Annotated[str, PathParam(max_length=64)]
 IdempotencyKey = Annotated[str | None, Header(max_length=200)]
 Limit = Annotated[int, Query(ge=1, le=500)]
+Since = Annotated[float, Query(ge=0, le=1e11, description="seconds since the epoch")]
 Offset = Annotated[int, Query(ge=0, le=1_000_000_000)]
 Top = Annotated[int, Query(ge=1, le=100)]
 MAX_BODY_BYTES = 1 << 20
@@ -671,6 +673,30 @@ def create_app(config: ServiceConfig) -> FastAPI:
         if not who.admin:
             view["running"] = [r for r in view["running"] if r["tenant"] == who.tenant]
         return view
+
+    def stretches(since: float, who: Principal) -> list[Held]:
+        history = store.history_since(since, None if who.admin else who.tenant)
+        return [h for record, events in history for h in held(record, events)]
+
+    @app.get(f"/{API_VERSION}/usage", responses={401: {}})
+    def usage_of(authorization: Auth = None, since: Since = 0.0) -> dict[str, Any]:
+        """GPU-hours per tenant and GPU type since ``since`` (seconds since the epoch) from the job history:
+        yours (an admin: everyone's)."""
+        who = principal_of(authorization)
+        now = time.time()
+        return {"since": since, "until": now, "rows": usage(stretches(since, who), since, now)}
+
+    @app.get(f"/{API_VERSION}/timeline", responses={401: {}})
+    def timeline(authorization: Auth = None, since: Since = 0.0) -> dict[str, Any]:
+        """When each job held which GPUs since ``since`` (seconds since the epoch; ``end`` null while it
+        runs), and the GPUs per type: the dashboard's occupancy chart and Gantt."""
+        who = principal_of(authorization)
+        view = orchestrator.view()
+        return {
+            "now": time.time(),
+            "gpus_per_type": {t: c["gpus"] for t, c in view["gpu_types"].items()},
+            "intervals": [h.to_dict() for h in stretches(since, who) if h.end is None or h.end >= since],
+        }
 
     @app.get(f"/{API_VERSION}/calibration", responses={401: {}})
     def calibration(authorization: Auth = None) -> dict[str, Any]:

@@ -18,6 +18,13 @@ from fastapi.responses import FileResponse, HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
 UI_DIR = Path(__file__).resolve().parent / "ui"
+# The pages may load only from this app (ReDoc's footer would fetch its logo from cdn.redoc.ly): the browser
+# enforces it (Content Security Policy Level 3, W3C). Swagger UI and ReDoc start from an inline script;
+# ReDoc's search runs in a blob: worker.
+SAME_ORIGIN = {
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data: blob:; style-src 'self' 'unsafe-inline'; "
+    "script-src 'self' 'unsafe-inline' blob:; worker-src 'self' blob:; font-src 'self' data:; connect-src 'self'"
+}
 UI_FILES = {"app.js": "text/javascript", "style.css": "text/css"}
 DOCS_ASSETS = "/docs-assets"
 
@@ -31,7 +38,7 @@ def ui_router() -> APIRouter:
 
     @router.get("/ui")
     def dashboard() -> FileResponse:
-        return FileResponse(UI_DIR / "index.html", media_type="text/html")
+        return FileResponse(UI_DIR / "index.html", media_type="text/html", headers=SAME_ORIGIN)
 
     @router.get("/ui/static/{name}")
     def asset(name: str) -> FileResponse:
@@ -50,13 +57,15 @@ def mount_docs(app: FastAPI) -> None:
 
     @app.get("/docs", include_in_schema=False)
     def swagger() -> HTMLResponse:
-        return get_swagger_ui_html(
-            openapi_url=openapi,
-            title=f"{app.title} - Swagger UI",
-            oauth2_redirect_url=redirect,
-            swagger_js_url=f"{DOCS_ASSETS}/swagger-ui-bundle.js",
-            swagger_css_url=f"{DOCS_ASSETS}/swagger-ui.css",
-            swagger_favicon_url=f"{DOCS_ASSETS}/favicon.png",
+        return _same_origin(
+            get_swagger_ui_html(
+                openapi_url=openapi,
+                title=f"{app.title} - Swagger UI",
+                oauth2_redirect_url=redirect,
+                swagger_js_url=f"{DOCS_ASSETS}/swagger-ui-bundle.js",
+                swagger_css_url=f"{DOCS_ASSETS}/swagger-ui.css",
+                swagger_favicon_url=f"{DOCS_ASSETS}/favicon.png",
+            )
         )
 
     @app.get(redirect, include_in_schema=False)
@@ -65,10 +74,17 @@ def mount_docs(app: FastAPI) -> None:
 
     @app.get("/redoc", include_in_schema=False)
     def redoc() -> HTMLResponse:
-        return get_redoc_html(
-            openapi_url=openapi,
-            title=f"{app.title} - ReDoc",
-            redoc_js_url=f"{DOCS_ASSETS}/redoc.standalone.js",
-            redoc_favicon_url=f"{DOCS_ASSETS}/favicon.png",
-            with_google_fonts=False,
+        return _same_origin(
+            get_redoc_html(
+                openapi_url=openapi,
+                title=f"{app.title} - ReDoc",
+                redoc_js_url=f"{DOCS_ASSETS}/redoc.standalone.js",
+                redoc_favicon_url=f"{DOCS_ASSETS}/favicon.png",
+                with_google_fonts=False,
+            )
         )
+
+
+def _same_origin(page: HTMLResponse) -> HTMLResponse:
+    page.headers.update(SAME_ORIGIN)
+    return page

@@ -165,3 +165,24 @@ def test_version(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as stop:
         main(["--version"])
     assert stop.value.code == 0 and capsys.readouterr().out.startswith("frenzy-opt ")
+
+
+def test_usage_and_timeline_come_from_the_history(
+    service: TestClient, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job = json.loads(_run(capsys, "submit", _job_file(tmp_path, LONG, "long"), "--token", TOKEN_A, "--json")[1])
+    assert job["state"] == "running", job["reason"]
+    headers = {"Authorization": f"Bearer {TOKEN_A}"}
+    timeline = service.get("/v1/timeline", params={"since": 0}, headers=headers).json()
+    (stretch,) = timeline["intervals"]
+    assert stretch["job"] == job["id"] and stretch["end"] is None and stretch["tenant"] == "team-a"
+    assert stretch["num_gpus"] == job["plan"]["num_gpus"] and stretch["gpu_type"] == job["plan"]["gpu_type"]
+    assert set(timeline["gpus_per_type"]) == {"A100-SXM4-80GB", "V100-SXM2-32GB", "RTX-3090"}
+    code, out, _ = _run(capsys, "usage", "--token", TOKEN_A, "--json")
+    (row,) = json.loads(out)["rows"]
+    assert code == 0 and row["tenant"] == "team-a" and row["gpu_type"] == stretch["gpu_type"] and row["jobs"] == 1
+    assert 0 < row["gpu_hours"] < 1
+    code, out, _ = _run(capsys, "usage", "--token", TOKEN_A, "--since", "1h")
+    assert code == 0 and out.splitlines()[0].split() == ["TENANT", "GPU", "TYPE", "GPU-HOURS", "JOBS"]
+    other = service.get("/v1/usage", headers={"Authorization": f"Bearer {TOKEN_ADMIN}"}).json()["rows"]
+    assert [r["tenant"] for r in other] == ["team-a"]  # the admin sees everyone's

@@ -76,10 +76,18 @@ function svgEl(name, attrs, parent) {
   return el;
 }
 
+// The charts' window: the last HISTORY_S seconds, or from shortly before the first stretch if that is later
+// (a young service's history then fills the width).
+function windowOf(timeline) {
+  const first = Math.min(...timeline.intervals.map((i) => i.start), timeline.now);
+  const t0 = Math.max(timeline.now - HISTORY_S, first - 0.05 * (timeline.now - first) - 1);
+  return [t0, timeline.now];
+}
+
 function drawOccupancy(timeline, colours) {
   const svg = $("occupancy");
   svg.replaceChildren();
-  const t0 = timeline.now - HISTORY_S, t1 = timeline.now;
+  const [t0, t1] = windowOf(timeline);
   const x = (t) => ((t - t0) / (t1 - t0)) * 800;
   for (const [type, total] of Object.entries(timeline.gpus_per_type)) {
     // The used GPUs of the type as a step function: +n at each start, -n at each end.
@@ -108,7 +116,7 @@ function drawOccupancy(timeline, colours) {
   for (const [type, colour] of Object.entries(colours)) {
     const span = document.createElement("span");
     span.innerHTML = `<i style="background:${colour}"></i>`;
-    span.appendChild(document.createTextNode(`${type} (last ${HISTORY_S / 3600} h)`));
+    span.appendChild(document.createTextNode(type));
     legend.appendChild(span);
   }
 }
@@ -117,7 +125,7 @@ function drawGantt(timeline, colours) {
   const svg = $("gantt");
   svg.replaceChildren();
   const jobs = [...new Set(timeline.intervals.map((i) => i.job))];
-  const t0 = timeline.now - HISTORY_S, t1 = timeline.now;
+  const [t0, t1] = windowOf(timeline);
   const row = 200 / Math.max(jobs.length, 1);
   for (const iv of timeline.intervals) {
     const start = Math.max(iv.start, t0), end = iv.end === null ? t1 : iv.end;
@@ -132,7 +140,7 @@ function drawGantt(timeline, colours) {
 
 async function overview() {
   const [cluster, list, timeline] = await Promise.all([
-    api("/v1/cluster"), api("/v1/jobs?limit=500"), api(`/v1/timeline?since=${HISTORY_S}`),
+    api("/v1/cluster"), api("/v1/jobs?limit=500"), api(`/v1/timeline?since=${Date.now() / 1000 - HISTORY_S}`),
   ]);
   $("cluster-name").textContent = `cluster ${cluster.name}`;
   const colours = colourOf(Object.keys(cluster.gpu_types));
@@ -187,7 +195,11 @@ async function jobPage(id) {
       measured.step_time_s ? `${measured.step_time_s.toFixed(3)} s` : ""],
   ]);
   fill("job-history", (job.history || []).map((e) => [new Date(e.at * 1000).toLocaleString(), e.state, e.detail]));
-  $("job-logs").textContent = await api(`/v1/jobs/${encodeURIComponent(id)}/logs`, true);
+  try {
+    $("job-logs").textContent = await api(`/v1/jobs/${encodeURIComponent(id)}/logs`, true);
+  } catch (err) {
+    $("job-logs").textContent = `no logs: ${err.message}`;
+  }
 }
 
 async function refresh() {

@@ -60,6 +60,7 @@ from frenzy_opt.planning.problem import (
 )
 from frenzy_opt.prediction.calibrations import CalibrationStore
 from frenzy_opt.prediction.closedloop import Sample, recalibrate, sample_of
+from frenzy_opt.service.accounting import placement_detail
 from frenzy_opt.service.store import JobRecord, Store, describe_fault, is_store_fault
 from frenzy_opt.simulation.simulator import restart_cost_s
 from frenzy_opt.solvers.greedy import GreedyState
@@ -619,7 +620,7 @@ class Orchestrator:
             names = tuple(self.topology.nodes[i].name for i in a.nodes)
             plan = {**a.option.plan.to_dict(), "est_runtime_s": a.option.duration_s}
             placement = {"nodes": list(names), "gpus_per_node": a.option.gpus_per_node, "start_s": now}
-            detail = f"{a.option.num_gpus} x {a.option.gpu_type} on {', '.join(names)}"
+            detail = placement_detail(a.option.num_gpus, a.option.gpu_type, names)
             p = a.option.plan
             predicted = {
                 "gpu_type": a.option.gpu_type,

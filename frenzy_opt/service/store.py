@@ -56,6 +56,7 @@ from sqlalchemy import (
     event,
     func,
     insert,
+    or_,
     select,
     update,
 )
@@ -534,6 +535,20 @@ class Store:
             total = int(s.scalar(count) or 0)
             rows = s.scalars(query.order_by(JobRow.seq).limit(limit).offset(offset))
             return [JobRecord.of(r) for r in rows], total
+
+    def history_since(self, since: float, tenant: str | None) -> list[tuple[JobRecord, list[EventRecord]]]:
+        """Every job (of ``tenant``) that was active at or after ``since``, with its events in order: two
+        queries, whatever the number of jobs (the accounting reads them, :mod:`frenzy_opt.service.accounting`)."""
+        with self.session() as s:
+            query = select(JobRow).where(or_(JobRow.updated_at >= since, JobRow.state.in_(ACTIVE)))
+            if tenant is not None:
+                query = query.where(JobRow.tenant == tenant)
+            records = [JobRecord.of(r) for r in s.scalars(query.order_by(JobRow.seq))]
+            events: dict[str, list[EventRecord]] = {r.id: [] for r in records}
+            rows = s.scalars(select(EventRow).where(EventRow.job_id.in_(list(events))).order_by(EventRow.id))
+            for row in rows:
+                events[row.job_id].append(EventRecord(at=row.at, state=row.state, detail=row.detail))
+            return [(r, events[r.id]) for r in records]
 
     def active(self) -> list[JobRecord]:
         """Jobs not in a terminal state, in acceptance order (for recovery)."""
