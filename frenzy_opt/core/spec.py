@@ -203,6 +203,11 @@ def check_parallel(model: ModelArch, training: TrainingConfig, parallel: Paralle
             f"parallel.vpp > 1 needs the micro-batch count per step ({training.global_batch_size // per_step}) "
             f"to be a multiple of parallel.pp ({parallel.pp})"
         )
+    check_zero_stage(training, parallel)
+
+
+def check_zero_stage(training: TrainingConfig, parallel: ParallelConfig) -> None:
+    """``ValueError`` unless the runtime offers the ZeRO stage (:attr:`Runtime.zero_stages`)."""
     allowed = ZERO_STAGES_BY_RUNTIME[training.runtime]
     if parallel.zero_stage not in allowed:
         raise ValueError(

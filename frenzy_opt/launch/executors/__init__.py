@@ -63,46 +63,25 @@ OnReport = Callable[[str, int, dict[str, Any]], None]
 
 
 EXECUTORS: Registry[Executor] = Registry("executor")
-"""The executors by name; each factory takes the same settings (``frenzy serve`` passes them all)."""
+"""The executors by name; ``frenzy serve`` passes every setting, each factory takes the ones it uses."""
 
 
 @EXECUTORS.register("simulated")
-def _simulated(
-    *,
-    time_scale: float = 1.0,
-    fail_rate: float = 0.0,
-    seed: int = 0,
-    workdir: str | None = None,
-    max_steps: int | None = None,
-) -> Executor:
+def _simulated(*, time_scale: float = 1.0, fail_rate: float = 0.0, seed: int = 0, **_: object) -> Executor:
     from frenzy_opt.launch.executors.simulated import SimulatedExecutor
 
     return SimulatedExecutor(time_scale=time_scale, fail_rate=fail_rate, seed=seed)
 
 
 @EXECUTORS.register("local")
-def _local(
-    *,
-    time_scale: float = 1.0,
-    fail_rate: float = 0.0,
-    seed: int = 0,
-    workdir: str | None = None,
-    max_steps: int | None = None,
-) -> Executor:
+def _local(*, workdir: str | None = None, max_steps: int | None = None, **_: object) -> Executor:
     from frenzy_opt.launch.executors.local import LocalExecutor
 
     return LocalExecutor(workdir or "frenzy-runs", max_steps=max_steps)
 
 
 @EXECUTORS.register("ray")
-def _ray(
-    *,
-    time_scale: float = 1.0,
-    fail_rate: float = 0.0,
-    seed: int = 0,
-    workdir: str | None = None,
-    max_steps: int | None = None,
-) -> Executor:
+def _ray(*, workdir: str | None = None, max_steps: int | None = None, **_: object) -> Executor:
     from frenzy_opt.launch.executors.ray import RayExecutor
 
     return RayExecutor(workdir or "frenzy-runs", address=os.environ.get("RAY_ADDRESS"), max_steps=max_steps)

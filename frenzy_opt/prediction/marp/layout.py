@@ -37,7 +37,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from frenzy_opt.core.spec import ZERO_STAGES_BY_RUNTIME, ParallelConfig, TrainingConfig
+from frenzy_opt.core.spec import ParallelConfig, TrainingConfig, check_zero_stage
 
 # Bytes per element of each number format (IEEE 754 binary32/binary16, bfloat16, OCP FP8 spec).
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
@@ -99,18 +99,9 @@ def fp8_saves_fp8_inputs(runtime: str) -> bool:
     return runtime != "fsdp2"
 
 
-def validate_runtime_zero(training: TrainingConfig, parallel: ParallelConfig) -> None:
-    allowed = ZERO_STAGES_BY_RUNTIME[training.runtime]
-    if parallel.zero_stage not in allowed:
-        raise ValueError(
-            f"parallel.zero_stage {parallel.zero_stage} is not available with training.runtime "
-            f"{training.runtime}; allowed: {', '.join(map(str, allowed))}"
-        )
-
-
 def state_layout(training: TrainingConfig, parallel: ParallelConfig) -> StateLayout:
     """The :class:`StateLayout` of ``training.runtime`` at ``training.precision`` and ``zero_stage``."""
-    validate_runtime_zero(training, parallel)
+    check_zero_stage(training, parallel)
     return state_layout_for(
         training.runtime, training.precision, training.optimizer, parallel.zero_stage, parallel.dp > 1
     )
