@@ -1,5 +1,5 @@
-"""The client of a running service (``frenzy serve``): ``submit``, ``jobs``, ``status``, ``cancel``, ``logs``
-and ``usage``, the everyday commands of Slurm (``sbatch``, ``squeue``, ``scontrol show job``, ``scancel``,
+"""The client of a running service (``frenzy serve``): ``submit``, ``jobs``, ``status``, ``cancel`` and
+``usage``, the everyday commands of Slurm (``sbatch``, ``squeue``, ``scontrol show job``, ``scancel``,
 ``sacct``) over the HTTP API.
 
 The server and token come from ``--server``/``--token``, else ``FRENZY_SERVER``/``FRENZY_TOKEN``, else the
@@ -15,7 +15,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -112,19 +112,6 @@ class Client:
     def cancel(self, job_id: str) -> dict[str, Any]:
         result: dict[str, Any] = self._request("POST", f"/v1/jobs/{job_id}/cancel").json()
         return result
-
-    def logs(self, job_id: str, follow: bool = False) -> Iterator[str]:
-        """The job's output lines; with ``follow``, streamed until the job ends."""
-        params = {"follow": 1} if follow else {}
-        try:
-            logs = f"/v1/jobs/{job_id}/logs"
-            with self.http.stream("GET", logs, params=params, headers=self.headers, timeout=None) as response:
-                if response.status_code >= 400:
-                    response.read()
-                    raise ClientError(_refusal(response, self.target))
-                yield from response.iter_lines()
-        except httpx.TransportError as err:
-            raise ClientError(f"lost the frenzy service at {self.target.server} ({err})") from None
 
     def usage(self, since_s: float | None = None) -> dict[str, Any]:
         params = {"since": since_s} if since_s is not None else {}
@@ -256,12 +243,6 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_logs(args: argparse.Namespace) -> int:
-    for line in _client(args).logs(args.id, follow=args.follow):
-        print(line, flush=True)
-    return 0
-
-
 def cmd_usage(args: argparse.Namespace) -> int:
     since = None if args.since is None else time.time() - parse_duration(args.since)
     _print(args, _client(args).usage(since), usage_table)
@@ -302,9 +283,6 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--all", action="store_true", help="finished jobs too")
     parser("status", "one job: state, plan, predicted vs measured, history", cmd_status).add_argument("id")
     parser("cancel", "cancel a queued or running job", cmd_cancel).add_argument("id")
-    p = parser("logs", "a job's output", cmd_logs)
-    p.add_argument("id")
-    p.add_argument("--follow", "-f", action="store_true", help="stream until the job ends")
     p = parser("usage", "GPU-hours per tenant and GPU type", cmd_usage)
     p.add_argument("--since", help="only this recent history: 90s, 30m, 12h, 7d")
 

@@ -1,4 +1,4 @@
-"""The client commands (``frenzy submit|jobs|status|cancel|logs|usage``) against the real app: tables and
+"""The client commands (``frenzy submit|jobs|status|cancel|usage``) against the real app: tables and
 ``--json``, server and token resolution, and the errors a user sees when the server is down or refuses."""
 
 from __future__ import annotations
