@@ -5,6 +5,7 @@ background thread, a workload submitted over HTTP, the scheduler's decisions pri
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import signal
 import subprocess
@@ -74,6 +75,8 @@ def serve(config: ServiceConfig, host: str, port: int) -> None:
         app.state.store.acquire_writer()
     except (StoreCorrupt, StoreInUse) as err:
         raise SystemExit(f"frenzy serve: {err}") from None
+    # The scheduler's decisions and warnings go to stderr at INFO next to uvicorn's access log.
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     # Keep-alive longer than clients' own idle expiry (httpx: 5 s, uvicorn's default too): the client then
     # closes an idle connection first, and never sends a request on one the server is closing.
     uvicorn.run(app, host=host, port=port, log_level="info", timeout_keep_alive=KEEP_ALIVE_S)

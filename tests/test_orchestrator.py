@@ -229,3 +229,11 @@ def test_store_refuses_unknown_states(tmp_path: Path, bad: str) -> None:
     job = _submit(orch, SPECS[0])
     with pytest.raises(ValueError, match="state must be one of"):
         orch.store.transition(job, bad)
+
+
+def test_each_decision_is_logged_at_info(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    orch = _orchestrator(tmp_path)
+    with caplog.at_level("INFO", logger="frenzy_opt.service.orchestrator"):
+        job = _submit(orch, SPECS[0])
+    decided = [r.getMessage() for r in caplog.records if r.getMessage().startswith("decision: ")]
+    assert any(job in m and " on " in m for m in decided), decided

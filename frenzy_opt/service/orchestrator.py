@@ -634,6 +634,7 @@ class Orchestrator:
                 a.job, "scheduled", detail, plan=plan, placement=placement, attempts=attempt, predicted=predicted
             )
             pending.add(a.job, "running", f"attempt {attempt} launched ({self.executor.name})")
+            log.info("decision: %s attempt %d on %s (est. %.0f s)", a.job, attempt, detail, a.option.duration_s)
             self.reasons.pop(a.job, None)
             launches.append(
                 Launch(
