@@ -23,13 +23,13 @@ from typing import Any
 import httpx
 import yaml
 
+from frenzy_opt.core.enums import ACTIVE_STATES, JobState
 from frenzy_opt.core.spec import load_mapping
 from frenzy_opt.planning.scenario import resolve as resolve_file
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 CONFIG_ENV = "FRENZY_CONFIG"
 DEFAULT_CONFIG = Path("~/.frenzy/client.yaml")
-ACTIVE = ("queued", "scheduled", "running")
 PAGE = 200
 TIMEOUT_S = 30.0
 
@@ -228,7 +228,7 @@ def cmd_submit(args: argparse.Namespace) -> int:
 def cmd_jobs(args: argparse.Namespace) -> int:
     jobs = _client(args).jobs(args.state)
     if not args.all and not args.state:
-        jobs = [j for j in jobs if j["state"] in ACTIVE]
+        jobs = [j for j in jobs if j["state"] in ACTIVE_STATES]
     _print(args, {"jobs": jobs}, lambda p: jobs_table(p["jobs"]))
     return 0
 
@@ -279,7 +279,7 @@ def add_commands(sub: Any) -> None:
         "job", help="a job spec file (YAML or JSON) or a shipped name (job-tiny)"
     )
     p = parser("jobs", "the queue (position, ETA) and running jobs (progress)", cmd_jobs)
-    p.add_argument("--state", choices=("queued", "scheduled", "running", "succeeded", "failed", "cancelled"))
+    p.add_argument("--state", choices=[state.value for state in JobState])
     p.add_argument("--all", action="store_true", help="finished jobs too")
     parser("status", "one job: state, plan, predicted vs measured, history", cmd_status).add_argument("id")
     parser("cancel", "cancel a queued or running job", cmd_cancel).add_argument("id")

@@ -114,6 +114,7 @@ class Topology:
         self._by_type: dict[str, list[int]] = {}
         for node in self.nodes:
             self._by_type.setdefault(node.gpu.name, []).append(node.index)
+        self._node_size = {t: max(self.nodes[i].num_gpus for i in nodes) for t, nodes in self._by_type.items()}
 
     @property
     def gpu_types(self) -> list[str]:
@@ -140,7 +141,7 @@ class Topology:
 
     def node_size(self, gpu_type: str) -> int:
         """GPUs of the type's largest node (0 if the cluster has none)."""
-        return max((self.nodes[i].num_gpus for i in self.nodes_of(gpu_type)), default=0)
+        return self._node_size.get(gpu_type, 0)
 
     def best_nodes(self, gpu_type: str, num_gpus: int, free: dict[int, int]) -> list[int] | None:
         """The nodes a plan of ``num_gpus`` GPUs takes now by the placement rule
