@@ -22,10 +22,10 @@ from typing import Any
 
 from frenzy_opt.core.machine import describe_machine
 from frenzy_opt.core.spec import parse_job
-from frenzy_opt.launch.launcher import launch_job
 from frenzy_opt.planning.plans import DEFAULT_STEP_MODEL
 from frenzy_opt.planning.scenario import load_cluster_ref
 from frenzy_opt.prediction.closedloop import memory_errors, predicted_step_s, recalibrate, sample_of
+from frenzy_opt.service.launcher import launch_job
 
 MODEL = {
     "num_layers": 4, "hidden_size": 128, "ffn_hidden_size": 384, "num_attention_heads": 4, "num_kv_heads": 2,

@@ -1033,7 +1033,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_launch(args: argparse.Namespace) -> int:
-    from frenzy_opt.launch.launcher import launch_job
+    from frenzy_opt.service.launcher import launch_job
 
     if args.steps is not None and args.steps < 1:
         raise ValueError(f"--steps must be >= 1, got {args.steps}")

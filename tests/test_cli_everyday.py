@@ -56,7 +56,7 @@ def test_the_local_executor_fails_a_gpu_placement_without_cuda_instead_of_runnin
 def test_launch_prints_units_and_rounded_figures_and_never_a_none_label(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    import frenzy_opt.launch.launcher
+    import frenzy_opt.service.launcher
 
     def fake(*_: Any, **__: Any) -> dict[str, Any]:
         return {
@@ -70,7 +70,7 @@ def test_launch_prints_units_and_rounded_figures_and_never_a_none_label(
                           "step_time_s": 2.4358626476025203e-06},
         }  # fmt: skip
 
-    monkeypatch.setattr(frenzy_opt.launch.launcher, "launch_job", fake)
+    monkeypatch.setattr(frenzy_opt.service.launcher, "launch_job", fake)
     assert main(["launch", "job-tiny"]) == 1
     out = " ".join(capsys.readouterr().out.split())
     assert "(None)" not in out and "None" not in out

@@ -18,7 +18,7 @@ from frenzy_opt.launch.executors import ExitInfo, Launch, OnExit
 from frenzy_opt.planning.plans import Plan
 from frenzy_opt.planning.problem import Option, OptionCache, ProblemJob, SchedulingProblem
 from frenzy_opt.planning.scenario import Request, load_cluster_ref
-from frenzy_opt.service.orchestrator import Orchestrator
+from frenzy_opt.service.orchestrator import Exited, Orchestrator, Submitted
 from frenzy_opt.service.store import Store
 from frenzy_opt.simulation.simulator import SimJob, Simulator
 from frenzy_opt.solvers.base import make_policy
@@ -225,7 +225,7 @@ def test_the_service_preempts_a_long_job_for_a_short_one_and_resumes_it(tmp_path
             job_id=f"job-{next(COUNTER)}", tenant="t", name="j", spec=spec, request_hash="h", idempotency_key=None,
             max_retries=1, weight=1.0, predicted=None,
         )  # fmt: skip
-        orch.process([("submit", record)])
+        orch.process([Submitted(record, parse_job(record.spec))])
         return record.id
 
     long = submit(spec_long)
@@ -236,10 +236,10 @@ def test_the_service_preempts_a_long_job_for_a_short_one_and_resumes_it(tmp_path
     assert executor.cancelled == [long] and short in orch.running and long in orch.state.queue
     history = [(e.state, e.detail) for e in store.events(long)]
     assert history[-1][0] == "queued" and "resumes from its checkpoint" in history[-1][1]
-    left = orch.steps_left[long]
+    left = orch.jobs[long].steps_left
     assert 0.4 * 200_000 < left < 0.6 * 200_000  # about half its steps were done
     clock[0] = orch.running[short].end_s
-    orch.process([("exit", short, executor.launched[short].attempt, ExitInfo(ok=True))])
+    orch.process([Exited(short, executor.launched[short].attempt, ExitInfo(ok=True))])
     assert long in orch.running and executor.launched[long].spec.training.train_steps == left
     store.close()
 

@@ -146,7 +146,7 @@ def test_a_killed_rank_fails_the_attempt_releases_its_slots_and_the_retry_resume
 
 
 @pytest.mark.slow
-def test_frenzy_launch_runs_the_fastest_runnable_plan_and_reports_measured_vs_predicted(
+def test_frenzy_launch_runs_the_plan_the_service_would_choose_and_reports_measured_vs_predicted(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     spec = tmp_path / "tiny.json"

@@ -10,11 +10,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from frenzy_opt.core.spec import parse_job
 from frenzy_opt.hardware.topology import Topology
 from frenzy_opt.launch.executors import ExitInfo, Launch, OnExit
 from frenzy_opt.planning.problem import OptionCache
 from frenzy_opt.planning.scenario import load_cluster_ref
-from frenzy_opt.service.orchestrator import Orchestrator
+from frenzy_opt.service.orchestrator import CancelRequested, Exited, Orchestrator, Submitted
 from frenzy_opt.service.store import Store
 
 CLUSTER = load_cluster_ref("paper-3type")
@@ -69,7 +70,7 @@ def _submit(orch: Orchestrator, spec: dict[str, object], tenant: str = "t", retr
         job_id=f"job-{next(COUNTER)}", tenant=tenant, name="j", spec=spec, request_hash="h", idempotency_key=None,
         max_retries=retries, weight=1.0, predicted=None,
     )  # fmt: skip
-    orch.process([("submit", record)])
+    orch.process([Submitted(record, parse_job(record.spec))])
     return record.id
 
 
@@ -90,7 +91,7 @@ def _check_ledger(orch: Orchestrator) -> None:
             expected = sum(
                 r.option.num_gpus
                 for r in orch.running.values()
-                if orch.tenant_of[r.job_id] == tenant and r.option.gpu_type == gpu_type
+                if orch.jobs[r.job_id].tenant == tenant and r.option.gpu_type == gpu_type
             )
             assert used == expected
 
@@ -129,11 +130,11 @@ def test_the_ledger_never_double_books_and_gets_every_gpu_back(
         elif op == "finish" and orch.running:
             job = sorted(orch.running)[k % len(orch.running)]
             launch = executor.launched.pop(job)
-            orch.process([("exit", job, launch.attempt, ExitInfo(ok=bool(arg), cause="test"))])
+            orch.process([Exited(job, launch.attempt, ExitInfo(ok=bool(arg), cause="test"))])
         elif op == "cancel" and submitted:
             from concurrent.futures import Future
 
-            orch.process([("cancel", submitted[k % len(submitted)], Future())])
+            orch.process([CancelRequested(submitted[k % len(submitted)], Future())])
         elif op == "tick":
             clock[0] += 3600.0 * k
         _check_ledger(orch)
@@ -141,7 +142,7 @@ def test_the_ledger_never_double_books_and_gets_every_gpu_back(
     while orch.running or orch.state.queue:
         for job in list(orch.running):
             launch = executor.launched.pop(job)
-            orch.process([("exit", job, launch.attempt, ExitInfo(ok=True))])
+            orch.process([Exited(job, launch.attempt, ExitInfo(ok=True))])
         _check_ledger(orch)
     assert all(index.count == sum(index.free.values()) for index in orch.state.free.values())
     assert sum(index.count for index in orch.state.free.values()) == CLUSTER.num_gpus
@@ -155,7 +156,7 @@ def test_failed_attempts_are_retried_up_to_the_limit(tmp_path: Path) -> None:
     job = _submit(orch, SPECS[0], retries=1)
     for _ in range(2):
         launch = executor.launched.pop(job)
-        orch.process([("exit", job, launch.attempt, ExitInfo(ok=False, cause="rank 1 exited with code 9"))])
+        orch.process([Exited(job, launch.attempt, ExitInfo(ok=False, cause="rank 1 exited with code 9"))])
     record = orch.store.get(job)
     assert record is not None and record.state == "failed" and record.attempts == 2
     history = [(e.state, e.detail) for e in orch.store.events(job)]
@@ -182,9 +183,9 @@ def test_stale_exits_of_cancelled_attempts_are_ignored(tmp_path: Path) -> None:
     job = _submit(orch, SPECS[1])
     attempt = executor.launched[job].attempt
     done: Future[str] = Future()
-    orch.process([("cancel", job, done)])
+    orch.process([CancelRequested(job, done)])
     assert done.result() == "cancelled"
-    orch.process([("exit", job, attempt, ExitInfo(ok=True))])
+    orch.process([Exited(job, attempt, ExitInfo(ok=True))])
     record = orch.store.get(job)
     assert record is not None and record.state == "cancelled"
     _check_ledger(orch)

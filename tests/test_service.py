@@ -15,8 +15,9 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from frenzy_opt.api.app import ServiceConfig, Throttled, create_app
+from frenzy_opt.api.app import ServiceConfig, create_app
 from frenzy_opt.api.auth import parse_tenants
+from frenzy_opt.api.plansearch import Throttled
 from frenzy_opt.api.schemas import STATES
 from frenzy_opt.core.enums import JobState
 from frenzy_opt.core.spec import parse_job

@@ -51,9 +51,9 @@ from frenzy_opt.hardware.topology import Topology
 from frenzy_opt.launch.executors import ExitInfo, Launch
 from frenzy_opt.planning.plans import DEFAULT_STEP_MODEL
 from frenzy_opt.planning.problem import (
+    Assignment,
     Option,
     OptionCache,
-    ProblemJob,
     SchedulingProblem,
     no_option_message,
     problem_job,
@@ -83,7 +83,7 @@ class Waiter(Protocol):
 class Quotas:
     """Per-tenant GPU limits per type; a tenant with no entry for a type is unlimited there."""
 
-    def __init__(self, limits: dict[str, dict[str, int]], tenant_of: dict[str, str]) -> None:
+    def __init__(self, limits: dict[str, dict[str, int]], tenant_of: Callable[[str], str]) -> None:
         self.limits = limits
         self.tenant_of = tenant_of
         self.used: dict[str, dict[str, int]] = {}
@@ -93,12 +93,12 @@ class Quotas:
         return self.limits.get(tenant, {}).get(gpu_type)
 
     def allows(self, job: str, option: Option) -> bool:
-        tenant = self.tenant_of[job]
+        tenant = self.tenant_of(job)
         limit = self.limit(tenant, option.gpu_type)
         return limit is None or self.used.get(tenant, {}).get(option.gpu_type, 0) + option.num_gpus <= limit
 
     def take(self, job: str, option: Option) -> None:
-        tenant = self.tenant_of[job]
+        tenant = self.tenant_of(job)
         per_type = self.used.setdefault(tenant, {})
         per_type[option.gpu_type] = per_type.get(option.gpu_type, 0) + option.num_gpus
         self.held[job] = (tenant, option.gpu_type, option.num_gpus)
@@ -110,7 +110,7 @@ class Quotas:
             self.used[tenant][gpu_type] -= n
 
     def explain(self, job: str, options: tuple[Option, ...]) -> str:
-        tenant = self.tenant_of[job]
+        tenant = self.tenant_of(job)
         parts = []
         for gpu_type in sorted({o.gpu_type for o in options}):
             limit = self.limit(tenant, gpu_type)
@@ -151,6 +151,70 @@ class _Pending:
 
     def add(self, job_id: str, state: str, detail: str = "", **fields: Any) -> None:
         self.transitions.append((job_id, state, detail, fields))
+
+
+@dataclass(frozen=True, slots=True)
+class Submitted:
+    """An accepted job (its spec parsed once, by whoever accepted it)."""
+
+    record: JobRecord
+    spec: JobSpec
+
+
+@dataclass(frozen=True, slots=True)
+class Exited:
+    """An attempt ended (from the executor's thread)."""
+
+    job_id: str
+    attempt: int
+    info: ExitInfo
+
+
+@dataclass(frozen=True, slots=True)
+class CancelRequested:
+    job_id: str
+    done: Future[str]
+    """Given the state the job ends in once the cancel is written."""
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """Nothing changed; decide anyway (after recovery)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    pass
+
+
+Event = Submitted | Exited | CancelRequested | Tick | Stop
+
+
+@dataclass(slots=True)
+class Job:
+    """What the loop knows of one active job (queued, or holding GPUs); dropped once the job ends."""
+
+    id: str
+    tenant: str
+    spec: JobSpec
+    max_retries: int
+    weight: float
+    submitted_s: float
+    """When it was first queued here (its deadline counts from then)."""
+    attempts: int
+    steps_left: int | None = None
+    """Training steps still to run; None: the spec's (fewer after a preemption)."""
+    run: Run | None = None
+    reason: str | None = None
+    """Why it waits, as the loop last wrote it (:meth:`Orchestrator.reason` adds the last decision's)."""
+    progress: dict[str, Any] | None = None
+    """The running attempt's latest worker report."""
+
+    def spec_now(self) -> JobSpec:
+        """The spec with the steps the job still has to run."""
+        if self.steps_left is None:
+            return self.spec
+        return replace(self.spec, training=replace(self.spec.training, train_steps=self.steps_left))
 
 
 class Orchestrator:
@@ -196,24 +260,14 @@ class Orchestrator:
         )
         self.samples: list[Sample] = []
         self.calibration_report: dict[str, dict[str, Any]] = store.calibration()
-        self.progress: dict[str, dict[str, Any]] = {}
         self.preempt = executor.preemptible if preempt is None else preempt
         """Whether the HAS may stop running jobs for shorter ones (:meth:`GreedyState.review`): only with an
         executor whose stopped attempts resume where they stopped."""
         self.max_restarts = max_restarts
         self.state = GreedyState(SchedulingProblem(topology=self.topology, jobs=()), patient=not self.preempt)
-        self.steps_left: dict[str, int] = {}
-        """Training steps still to run per job (less than the spec's after a preemption)."""
-        self.tenant_of: dict[str, str] = {}
-        self.quotas = Quotas(quotas or {}, self.tenant_of)
-        self.specs: dict[str, JobSpec] = {}
-        self.max_retries: dict[str, int] = {}
-        self.weights: dict[str, float] = {}
-        self.submitted: dict[str, float] = {}
-        """When each job was first queued here (its deadline counts from then)."""
-        self.attempts: dict[str, int] = {}
-        self.running: dict[str, Run] = {}
-        self.reasons: dict[str, str] = {}
+        self.jobs: dict[str, Job] = {}
+        """The active jobs, one record each."""
+        self.quotas = Quotas(quotas or {}, lambda job_id: self.jobs[job_id].tenant)
         self.decisions = 0
         self.on_decision = on_decision
         self._decided: dict[str, Waiter] = {}
@@ -224,7 +278,7 @@ class Orchestrator:
         """... and when it was made."""
         self._fresh: set[str] = set()
         """Queued jobs no decision has considered yet."""
-        self._events: queue.Queue[tuple[Any, ...]] = queue.Queue()
+        self._events: queue.Queue[Event] = queue.Queue()
         self._lock = threading.RLock()
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
@@ -247,48 +301,62 @@ class Orchestrator:
         self.recover()
         self._thread = threading.Thread(target=self._loop, name="frenzy-orchestrator", daemon=True)
         self._thread.start()
-        self._events.put(("tick",))  # a first decision for what recovery queued
+        self._events.put(Tick())  # a first decision for what recovery queued
 
     def stop(self, timeout: float = 10.0) -> None:
         self._stopping.set()
         if self._thread is not None:
-            self._events.put(("stop",))
+            self._events.put(Stop())
             self._thread.join(timeout)
             self._thread = None
         self.executor.shutdown()
 
     # --- called from other threads --------------------------------------------------------------------
 
-    def submit(self, record: JobRecord, decided: Waiter | None = None) -> Waiter:
+    def submit(self, record: JobRecord, decided: Waiter | None = None, spec: JobSpec | None = None) -> Waiter:
         """Queue an accepted job; ``decided`` (a new :class:`threading.Event` if not given) is set once a
-        decision has considered it."""
+        decision has considered it. ``spec`` is the record's spec as the caller parsed it (parsed here if
+        not given)."""
         waiter: Waiter = threading.Event() if decided is None else decided
         with self._lock:
             self._decided[record.id] = waiter
-        self._events.put(("submit", record))
+        self._events.put(Submitted(record, parse_job(record.spec) if spec is None else spec))
         return waiter
 
     def cancel(self, job_id: str) -> Future[str]:
         """Cancel a job; the future gives the state it ends in (``cancelled`` or its terminal state)."""
         result: Future[str] = Future()
-        self._events.put(("cancel", job_id, result))
+        self._events.put(CancelRequested(job_id, result))
         return result
 
     def _on_exit(self, job_id: str, attempt: int, info: ExitInfo) -> None:
-        self._events.put(("exit", job_id, attempt, info))
+        self._events.put(Exited(job_id, attempt, info))
 
     def _on_report(self, job_id: str, attempt: int, record: dict[str, Any]) -> None:
         """A running attempt's latest worker report (kept in memory; the summary is stored at its end)."""
         with self._lock:
-            run = self.running.get(job_id)
-            if run is not None and run.attempt == attempt:
-                self.progress[job_id] = {"attempt": attempt, **record}
+            job = self.jobs.get(job_id)
+            if job is not None and job.run is not None and job.run.attempt == attempt:
+                job.progress = {"attempt": attempt, **record}
+
+    @property
+    def running(self) -> dict[str, Run]:
+        """The attempts the ledger holds GPUs for, by job."""
+        with self._lock:
+            return {j.id: j.run for j in self.jobs.values() if j.run is not None}
+
+    def progress(self, job_id: str) -> dict[str, Any] | None:
+        """The running attempt's latest worker report, if any."""
+        with self._lock:
+            job = self.jobs.get(job_id)
+            return None if job is None or job.progress is None else dict(job.progress)
 
     def reason(self, job_id: str) -> str | None:
         """Why a queued job waits, as of the last decision (formatted on demand: a decision over a long
         queue does not build a sentence per job)."""
         with self._lock:
-            reason = self.reasons.get(job_id)
+            record = self.jobs.get(job_id)
+            reason = None if record is None else record.reason
             job = self.state.queue.get(job_id)
             if job is None or job_id in self._fresh:
                 return reason
@@ -300,6 +368,16 @@ class Orchestrator:
                 return self.quotas.explain(job_id, job.options)
             eta = "unknown" if math.isinf(start) else f"{max(start - at, 0):,.0f} s"
             return f"waiting for {option.num_gpus} x {option.gpu_type} (estimated start in {eta})"
+
+    def calibration_snapshot(self) -> dict[str, Any]:
+        """A consistent copy of the closed loop's state: the efficiencies planned with, the last refit's
+        report per ``GPU@precision`` and the measured samples."""
+        with self._lock:
+            return {
+                "efficiency": dict(self.step_model.efficiency),
+                "report": dict(self.calibration_report),
+                "samples": list(self.samples),
+            }
 
     def view(self) -> dict[str, Any]:
         """A consistent copy of the ledger: GPUs per type and node, free and used, running jobs."""
@@ -315,14 +393,15 @@ class Orchestrator:
                 t["used"] += node.num_gpus - free
             running = [
                 {
-                    "job": r.job_id,
-                    "tenant": self.tenant_of.get(r.job_id, ""),
-                    "gpu_type": r.option.gpu_type,
-                    "num_gpus": r.option.num_gpus,
-                    "nodes": [self.topology.nodes[i].name for i in r.nodes],
-                    "attempt": r.attempt,
+                    "job": j.id,
+                    "tenant": j.tenant,
+                    "gpu_type": j.run.option.gpu_type,
+                    "num_gpus": j.run.option.num_gpus,
+                    "nodes": [self.topology.nodes[i].name for i in j.run.nodes],
+                    "attempt": j.run.attempt,
                 }
-                for r in self.running.values()
+                for j in self.jobs.values()
+                if j.run is not None
             ]
             return {
                 "name": self.cluster.name,
@@ -351,20 +430,15 @@ class Orchestrator:
     def alive(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
-    def process(self, batch: list[tuple[Any, ...]]) -> bool:
+    def process(self, batch: list[Event]) -> bool:
         """Handle a batch of events and run one decision; False once a stop event was seen. Public so that
         tests can drive the orchestrator without its thread."""
         pending = _Pending()
-        cancels: list[tuple[str, Future[str]]] = []
-        keep_going = True
+        cancels = [e for e in batch if isinstance(e, CancelRequested)]
+        keep_going = not any(isinstance(e, Stop) for e in batch)
         with self._lock:
             for event in batch:
-                kind = event[0]
-                if kind == "stop":
-                    keep_going = False
-                elif kind == "cancel":
-                    cancels.append((event[1], event[2]))
-                if kind in ("submit", "exit", "cancel"):
+                if isinstance(event, Submitted | Exited | CancelRequested):
                     self._handle(event, pending)
             launches = self._decide(pending) if keep_going else []
         if not self._write(pending):
@@ -372,41 +446,46 @@ class Orchestrator:
         wake, self._wake = self._wake, []
         for waiter in wake:
             waiter.set()
-        for job_id, future in cancels:
+        for cancel in cancels:
             try:
-                record = self.store.get(job_id)
+                record = self.store.get(cancel.job_id)
             except Exception as err:  # the cancel is written; only reading it back failed
-                future.set_exception(err)
+                cancel.done.set_exception(err)
                 continue
-            future.set_result("unknown" if record is None else record.state)
+            cancel.done.set_result("unknown" if record is None else record.state)
         for launch in launches:
             self.executor.launch(launch, self._on_exit, self._on_report)
         return keep_going
 
-    def _handle(self, event: tuple[Any, ...], pending: _Pending) -> None:
+    def _handle(self, event: Submitted | Exited | CancelRequested, pending: _Pending) -> None:
         """One submit, exit or cancel event; one that raises fails its job with the reason (module
         docstring)."""
-        kind = event[0]
-        job_id = event[1].id if kind == "submit" else event[1]
+        job_id = event.record.id if isinstance(event, Submitted) else event.job_id
         try:
-            if kind == "submit":
-                self._enqueue(event[1], pending)
-            elif kind == "exit":
-                self._exit(event[1], event[2], event[3], pending)
+            if isinstance(event, Submitted):
+                self._enqueue(event.record, event.spec, pending)
+            elif isinstance(event, Exited):
+                self._exit(event.job_id, event.attempt, event.info, pending)
             else:
-                self._cancel(event[1], pending)
+                self._cancel(event.job_id, pending)
         except Exception as err:
+            kind = type(event).__name__.lower()
             log.exception("orchestrator: %s event of job %s failed", kind, job_id)
             self._drop(job_id, f"{kind} failed inside the scheduler: {err.__class__.__name__}: {err}", pending)
 
+    def _end(self, job_id: str) -> None:
+        """Forget a job that reached a terminal state (its GPUs released before)."""
+        self.jobs.pop(job_id, None)
+        self.state.queue.pop(job_id, None)
+        self._fresh.discard(job_id)
+
     def _drop(self, job_id: str, reason: str, pending: _Pending) -> None:
         """Take a job out of the queue and the ledger and fail it with the reason (quarantine)."""
-        self.state.queue.pop(job_id, None)
-        if job_id in self.running:
+        job = self.jobs.get(job_id)
+        if job is not None and job.run is not None:
             self.executor.cancel(job_id)
-            self._release(job_id)
-        self.reasons.pop(job_id, None)
-        self._fresh.discard(job_id)
+            self._release(job)
+        self._end(job_id)
         pending.add(job_id, "failed", f"quarantined: {reason}")
         self._mark_decided(job_id)
 
@@ -437,49 +516,59 @@ class Orchestrator:
         if pending.transitions:
             self.store.apply(pending.transitions)
 
-    def _enqueue(self, record: JobRecord, pending: _Pending, *, retry: bool = False) -> None:
-        spec = parse_job(record.spec)
-        self.specs[record.id] = spec
-        self.tenant_of[record.id] = record.tenant
-        self.max_retries[record.id] = record.max_retries
-        self.weights[record.id] = record.weight
-        self.attempts.setdefault(record.id, record.attempts)
+    def _enqueue(self, record: JobRecord, spec: JobSpec, pending: _Pending) -> Job | None:
+        """Queue an accepted (or recovered) job; None, with the job failed, when no plan fits the cluster."""
         options = self.cache.options(spec)
         if not options:
             pending.add(record.id, "failed", no_option_message(record.id, spec, self.topology.cluster.name))
             self._mark_decided(record.id)
-            return
-        submitted = self.submitted.setdefault(record.id, self.now())
-        self.state.queue[record.id] = self._problem_job(record.id, spec, options, submitted, record.weight)
-        self.reasons[record.id] = "queued: waiting for the next decision"
-        self._fresh.add(record.id)
+            return None
+        job = self.jobs.get(record.id)
+        if job is None:
+            job = Job(
+                id=record.id,
+                tenant=record.tenant,
+                spec=spec,
+                max_retries=record.max_retries,
+                weight=record.weight,
+                submitted_s=self.now(),
+                attempts=record.attempts,
+            )
+            self.jobs[record.id] = job
+        self._queue(job, options, "queued: waiting for the next decision")
+        return job
 
-    def _release(self, job_id: str) -> Run | None:
-        run = self.running.pop(job_id, None)
+    def _queue(self, job: Job, options: tuple[Option, ...], reason: str) -> None:
+        """Put the job in the HAS's queue with ``options``."""
+        problem = problem_job(job.id, job.submitted_s, job.weight, options, job.spec)
+        self.state.queue[job.id] = replace(problem, restart_s=restart_cost_s(job.spec.model.num_params))
+        job.reason = reason
+        self._fresh.add(job.id)
+
+    def _release(self, job: Job) -> Run | None:
+        run, job.run, job.progress = job.run, None, None
         if run is not None:
-            self.state.release(job_id)
-            self.quotas.release(job_id)
+            self.state.release(job.id)
+            self.quotas.release(job.id)
         return run
 
     def _exit(self, job_id: str, attempt: int, info: ExitInfo, pending: _Pending) -> None:
-        run = self.running.get(job_id)
-        if run is None or run.attempt != attempt:
+        job = self.jobs.get(job_id)
+        run = None if job is None else job.run
+        if job is None or run is None or run.attempt != attempt:
             return  # a cancelled or superseded attempt
-        self._release(job_id)
-        self.progress.pop(job_id, None)
+        self._release(job)
         if info.ok:
-            self.steps_left.pop(job_id, None)
             pending.add(job_id, "succeeded", "completed", measured=info.measured or None)
-            self._learn(job_id, run, info)
-            self.reasons.pop(job_id, None)
+            self._learn(job, run, info)
+            self._end(job_id)
             return
-        self._retry_or_fail(job_id, info.cause or "attempt failed", pending)
+        self._retry_or_fail(job, info.cause or "attempt failed", pending)
 
-    def _learn(self, job_id: str, run: Run, info: ExitInfo) -> None:
+    def _learn(self, job: Job, run: Run, info: ExitInfo) -> None:
         """Closed loop: a measured run refits its GPU type's efficiency (:mod:`frenzy_opt.prediction.closedloop`);
         later plan searches use the refitted step-time model."""
-        plan = {**run.option.plan.to_dict()}
-        sample = sample_of(job_id, self.specs[job_id], plan, info.measured, self.cluster)
+        sample = sample_of(job.id, job.spec, run.option.plan.to_dict(), info.measured, self.cluster)
         if sample is None or info.measured.get("source") == "simulated":
             return
         self.samples.append(sample)
@@ -502,93 +591,71 @@ class Orchestrator:
                 log.warning("closed loop: cannot write calibration profile %s: %s", self.calibration, err)
         self.cache = OptionCache(self.cluster, self.topology, plan_filter=self._plan_filter, step_model=self.step_model)
 
-    def _retry_or_fail(self, job_id: str, cause: str, pending: _Pending) -> None:
-        attempts = self.attempts.get(job_id, 0)
-        limit = self.max_retries.get(job_id, 0)
+    def _retry_or_fail(self, job: Job, cause: str, pending: _Pending) -> None:
+        attempts, limit = job.attempts, job.max_retries
         if attempts <= limit:
-            pending.add(job_id, "failed", f"attempt {attempts} failed: {cause}")
-            pending.add(job_id, "queued", f"retry {attempts} of {limit}")
-            spec = self.specs[job_id]
-            submitted = self.submitted.get(job_id, self.now())
-            weight = self.weights.get(job_id, 1.0)
-            self.steps_left.pop(job_id, None)  # a failed attempt starts over
-            self.state.queue[job_id] = self._problem_job(job_id, spec, self.cache.options(spec), submitted, weight)
-            self.reasons[job_id] = f"queued for retry {attempts} of {limit} after: {cause}"
-            self._fresh.add(job_id)
+            pending.add(job.id, "failed", f"attempt {attempts} failed: {cause}")
+            pending.add(job.id, "queued", f"retry {attempts} of {limit}")
+            job.steps_left = None  # a failed attempt starts over
+            self._queue(job, self.cache.options(job.spec), f"queued for retry {attempts} of {limit} after: {cause}")
         else:
-            pending.add(job_id, "failed", f"attempt {attempts} failed: {cause}; retry limit {limit} reached")
-            self.reasons.pop(job_id, None)
+            pending.add(job.id, "failed", f"attempt {attempts} failed: {cause}; retry limit {limit} reached")
+            self._end(job.id)
 
     def _cancel(self, job_id: str, pending: _Pending) -> None:
-        if job_id in self.state.queue:
-            del self.state.queue[job_id]
-            pending.add(job_id, "cancelled", "cancelled while queued")
-        elif job_id in self.running:
+        job = self.jobs.get(job_id)
+        if job is None:
+            return  # it ended already
+        if job.run is not None:
             self.executor.cancel(job_id)
-            self._release(job_id)
+            self._release(job)
             pending.add(job_id, "cancelled", "cancelled while running; GPUs released")
-        self.reasons.pop(job_id, None)
-        self._fresh.discard(job_id)
+        elif job_id in self.state.queue:
+            pending.add(job_id, "cancelled", "cancelled while queued")
+        self._end(job_id)
 
-    def _problem_job(
-        self, job_id: str, spec: JobSpec, options: tuple[Option, ...], submitted: float, weight: float
-    ) -> ProblemJob:
-        job = problem_job(job_id, submitted, weight, options, spec)
-        return replace(job, restart_s=restart_cost_s(spec.model.num_params))
-
-    def _spec_now(self, job_id: str) -> JobSpec:
-        """The job's spec with the steps it still has to run."""
-        spec = self.specs[job_id]
-        left = self.steps_left.get(job_id)
-        if left is None:
-            return spec
-        return replace(spec, training=replace(spec.training, train_steps=left))
-
-    def _steps_at(self, job_id: str, run: Run, now: float) -> int:
+    def _steps_at(self, job: Job, now: float) -> int:
         """Steps the job still has to run if its attempt stopped at ``now``."""
-        before = self.steps_left.get(job_id, self.specs[job_id].training.train_steps)
-        return max(1, math.ceil(before * (1.0 - run.done_fraction(now))))
+        before = job.spec.training.train_steps if job.steps_left is None else job.steps_left
+        done = 0.0 if job.run is None else job.run.done_fraction(now)
+        return max(1, math.ceil(before * (1.0 - done)))
 
-    def _resumed(self, job_id: str, now: float) -> tuple[Option, ...]:
+    def _resumed(self, job: Job, now: float) -> tuple[Option, ...]:
         """The job's options if it stopped now and resumed: the steps it has left, plus its restart cost."""
-        spec = self.specs[job_id]
-        run = self.running.get(job_id)
-        left = self._steps_at(job_id, run, now) if run is not None else self.steps_left.get(job_id)
-        resumed = spec if left is None else replace(spec, training=replace(spec.training, train_steps=left))
-        restart = math.ceil(restart_cost_s(spec.model.num_params))
-        return tuple(replace(o, duration_s=o.duration_s + restart) for o in self.cache.options(resumed))
+        left = self._steps_at(job, now) if job.run is not None else job.steps_left
+        spec = job.spec if left is None else replace(job.spec, training=replace(job.spec.training, train_steps=left))
+        restart = math.ceil(restart_cost_s(job.spec.model.num_params))
+        return tuple(replace(o, duration_s=o.duration_s + restart) for o in self.cache.options(spec))
 
     def _preempt(self, now: float, pending: _Pending) -> None:
         """Stop the running jobs the HAS's review chose (module docstring): for a shorter job, or to grow
         into idle GPUs. They rejoin the queue with the steps they have left and their restart cost, and
         resume from their checkpoint."""
         moves = self.state.review(
-            now, max_restarts=self.max_restarts, options_now=lambda j: self._resumed(j, now), admit=self.quotas
+            now,
+            max_restarts=self.max_restarts,
+            options_now=lambda j: self._resumed(self.jobs[j], now),
+            admit=self.quotas,
         )
         for move in moves:
-            run = self.running.pop(move.job)
-            self.quotas.release(move.job)  # the review released its GPUs in the ledger already
+            job = self.jobs[move.job]
+            before = job.spec.training.train_steps if job.steps_left is None else job.steps_left
+            left = self._steps_at(job, now)
+            options = self._resumed(job, now)
+            # The review released its GPUs in the ledger already: only the quota and the executor are left.
+            job.run, job.progress = None, None
+            self.quotas.release(move.job)
             self.executor.cancel(move.job)
-            self.progress.pop(move.job, None)
-            spec = self.specs[move.job]
-            before = self.steps_left.get(move.job, spec.training.train_steps)
-            left = self._steps_at(move.job, run, now)
-            self.steps_left[move.job] = left
-            options = self._resumed(move.job, now)
+            job.steps_left = left
             if move.max_duration_s < math.inf:  # it grows: only the faster plans
                 options = tuple(o for o in options if o.duration_s < move.max_duration_s) or options
-            weight = self.weights.get(move.job, 1.0)
-            self.state.queue[move.job] = self._problem_job(
-                move.job, spec, options, self.submitted.get(move.job, now), weight
-            )
             why = "for a shorter job" if move.reason == "preempt" else "to grow into idle GPUs"
             pending.add(
                 move.job,
                 "queued",
                 f"stopped {why} after {before - left} of {before} steps; resumes from its checkpoint",
             )
-            self.reasons[move.job] = "queued: stopped, waiting to resume"
-            self._fresh.add(move.job)
+            self._queue(job, options, "queued: stopped, waiting to resume")
 
     def _decide(self, pending: _Pending) -> list[Launch]:
         now = self.now()
@@ -602,52 +669,7 @@ class Orchestrator:
         self.decisions += 1
         if self.on_decision is not None:
             self.on_decision(elapsed, len(self.state.queue))
-        launches = []
-        for a in assignments:
-            attempt = self.attempts.get(a.job, 0) + 1
-            self.attempts[a.job] = attempt
-            resumed = a.job in self.steps_left
-            restart = restart_cost_s(self.specs[a.job].model.num_params) if resumed else 0.0
-            self.running[a.job] = Run(
-                job_id=a.job,
-                attempt=attempt,
-                option=a.option,
-                nodes=a.nodes,
-                start_s=now,
-                end_s=a.end_s,
-                restart_s=restart,
-            )
-            names = tuple(self.topology.nodes[i].name for i in a.nodes)
-            plan = {**a.option.plan.to_dict(), "est_runtime_s": a.option.duration_s}
-            placement = {"nodes": list(names), "gpus_per_node": a.option.gpus_per_node, "start_s": now}
-            detail = placement_detail(a.option.num_gpus, a.option.gpu_type, names)
-            p = a.option.plan
-            predicted = {
-                "gpu_type": a.option.gpu_type,
-                "peak_allocated_bytes": p.peak_allocated_bytes,
-                "peak_reserved_bytes": p.peak_reserved_bytes,
-                "device_used_bytes": p.device_used_bytes,
-                "step_time_s": p.step_time_s,
-                "runtime_s": a.option.duration_s,
-            }
-            pending.add(
-                a.job, "scheduled", detail, plan=plan, placement=placement, attempts=attempt, predicted=predicted
-            )
-            pending.add(a.job, "running", f"attempt {attempt} launched ({self.executor.name})")
-            log.info("decision: %s attempt %d on %s (est. %.0f s)", a.job, attempt, detail, a.option.duration_s)
-            self.reasons.pop(a.job, None)
-            launches.append(
-                Launch(
-                    job_id=a.job,
-                    attempt=attempt,
-                    spec=self._spec_now(a.job),
-                    option=a.option,
-                    nodes=names,
-                    gpus_per_node=a.option.gpus_per_node,
-                    duration_s=a.option.duration_s,
-                )
-            )
-            self._mark_decided(a.job)
+        launches = [self._start(self.jobs[a.job], a, now, pending) for a in assignments]
         # Every queued job was considered: O(waiters) here, not O(queue) (a decision with a long queue spent
         # more time noting this per job than deciding).
         self._waiting, self._decided_at = self.state.waiting, now
@@ -655,6 +677,50 @@ class Orchestrator:
         for job_id in [j for j in self._decided if j in self.state.queue]:
             self._mark_decided(job_id)
         return launches
+
+    def _start(self, job: Job, a: Assignment, now: float, pending: _Pending) -> Launch:
+        """Record one assignment of the decision (the ledger took its GPUs) and what to launch."""
+        job.attempts += 1
+        resumed = job.steps_left is not None
+        restart = restart_cost_s(job.spec.model.num_params) if resumed else 0.0
+        job.run = Run(
+            job_id=job.id,
+            attempt=job.attempts,
+            option=a.option,
+            nodes=a.nodes,
+            start_s=now,
+            end_s=a.end_s,
+            restart_s=restart,
+        )
+        job.reason = None
+        names = tuple(self.topology.nodes[i].name for i in a.nodes)
+        plan = {**a.option.plan.to_dict(), "est_runtime_s": a.option.duration_s}
+        placement = {"nodes": list(names), "gpus_per_node": a.option.gpus_per_node, "start_s": now}
+        detail = placement_detail(a.option.num_gpus, a.option.gpu_type, names)
+        p = a.option.plan
+        predicted = {
+            "gpu_type": a.option.gpu_type,
+            "peak_allocated_bytes": p.peak_allocated_bytes,
+            "peak_reserved_bytes": p.peak_reserved_bytes,
+            "device_used_bytes": p.device_used_bytes,
+            "step_time_s": p.step_time_s,
+            "runtime_s": a.option.duration_s,
+        }
+        pending.add(
+            job.id, "scheduled", detail, plan=plan, placement=placement, attempts=job.attempts, predicted=predicted
+        )
+        pending.add(job.id, "running", f"attempt {job.attempts} launched ({self.executor.name})")
+        log.info("decision: %s attempt %d on %s (est. %.0f s)", job.id, job.attempts, detail, a.option.duration_s)
+        self._mark_decided(job.id)
+        return Launch(
+            job_id=job.id,
+            attempt=job.attempts,
+            spec=job.spec_now(),
+            option=a.option,
+            nodes=names,
+            gpus_per_node=a.option.gpus_per_node,
+            duration_s=a.option.duration_s,
+        )
 
     def _mark_decided(self, job_id: str) -> None:
         """Note that a decision considered the job; its waiter is woken once the batch is written."""
@@ -687,24 +753,24 @@ class Orchestrator:
         """Recover one active job; the outcome (a key of :meth:`recover`'s counts)."""
         if record.problems:
             raise ValueError("; ".join(record.problems))
+        job = self._enqueue(record, parse_job(record.spec), pending)
         if record.state == "queued":
-            self._enqueue(record, pending)
             return "queued"
-        self._enqueue(record, pending)
-        if self.state.queue.pop(record.id, None) is None:  # no option on this cluster: failed with the reason
+        if job is None:  # no option on this cluster: failed with the reason
             if record.id in alive:
                 self.executor.cancel(record.id)
             return "failed"
+        del self.state.queue[record.id]
+        self._fresh.discard(record.id)
         if record.id in alive and record.placement is not None and record.plan is not None:
-            self._reattach(record)
+            self._reattach(job, record)
             self.executor.adopt(record.id, record.attempts, self._on_exit)
             return "kept"
-        self.attempts[record.id] = record.attempts
         before = len(pending.transitions)
-        self._retry_or_fail(record.id, "lost on restart: the executor no longer runs it", pending)
+        self._retry_or_fail(job, "lost on restart: the executor no longer runs it", pending)
         return "retried" if len(pending.transitions) - before == 2 else "failed"
 
-    def _reattach(self, record: JobRecord) -> None:
+    def _reattach(self, job: Job, record: JobRecord) -> None:
         assert record.placement is not None and record.plan is not None
         by_name = {n.name: n.index for n in self.topology.nodes}
         missing = [name for name in record.placement["nodes"] if name not in by_name]
@@ -714,7 +780,7 @@ class Orchestrator:
                 f"(nodes: {', '.join(sorted(by_name)[:8])}{', ...' if len(by_name) > 8 else ''})"
             )
         nodes = tuple(by_name[name] for name in record.placement["nodes"])
-        options = self.cache.options(self.specs[record.id])
+        options = self.cache.options(job.spec)
         option = next(
             (o for o in options if o.gpu_type == record.plan["gpu_type"] and o.num_gpus == record.plan["num_gpus"]),
             None,
@@ -725,7 +791,8 @@ class Orchestrator:
         end = self.now() + float(record.plan.get("est_runtime_s") or option.duration_s)
         self.state.occupy(record.id, nodes, per_node, end)
         self.quotas.take(record.id, option)
-        self.running[record.id] = Run(
+        job.reason = None
+        job.run = Run(
             job_id=record.id, attempt=record.attempts, option=option, nodes=nodes, start_s=self.now(), end_s=end
         )
 

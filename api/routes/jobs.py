@@ -1,0 +1,158 @@
+"""``/v1/jobs``: submit, list, read and cancel jobs (contract 1)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import time
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Annotated
+
+from fastapi import APIRouter, Header, HTTPException, Query
+from fastapi import Path as PathParam
+from sqlalchemy.exc import IntegrityError
+
+from frenzy_opt.api.auth import Principal
+from frenzy_opt.api.schemas import STATES, EventOut, JobIn, JobListOut, JobOut
+from frenzy_opt.api.service import Decided, Service, Svc, Who, parse_spec, unavailable, visible
+from frenzy_opt.core.enums import TERMINAL_STATES
+from frenzy_opt.core.spec import JobSpec
+from frenzy_opt.service.orchestrator import new_job_id
+from frenzy_opt.service.store import JobRecord
+
+JobIdPath = Annotated[str, PathParam(max_length=64)]
+IdempotencyKey = Annotated[str | None, Header(max_length=200)]
+Limit = Annotated[int, Query(ge=1, le=500)]
+Offset = Annotated[int, Query(ge=0, le=1_000_000_000)]
+CANCEL_WAIT_S = 10.0
+"""How long a cancel request waits for the scheduler to carry it out."""
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+
+
+@router.post(
+    "",
+    status_code=202,
+    response_model=JobOut,
+    responses={
+        400: {"description": "the body is not JSON"},
+        401: {},
+        409: {"description": "the Idempotency-Key was used for a different job"},
+        413: {},
+        422: {"description": "invalid spec, or no GPU type can hold the job"},
+        503: {"description": "the job store cannot serve now; see Retry-After"},
+    },
+)
+async def submit(body: JobIn, service: Svc, who: Who, idempotency_key: IdempotencyKey = None) -> JobOut:
+    """Submit a job (contract 1). Answers 202 with its id, state and the plan chosen, or the reason it
+    waits. Re-posting with the same `Idempotency-Key` returns the same job."""
+    spec, mapping = parse_spec(body)
+    service.writable()
+    request_hash = hashlib.sha256(
+        json.dumps([mapping, body.weight, body.max_retries], sort_keys=True).encode()
+    ).hexdigest()
+    loop = asyncio.get_running_loop()
+    store = service.store
+    if idempotency_key is not None:
+        existing = await loop.run_in_executor(service.store_calls, store.by_key, who.tenant, idempotency_key)
+        if existing is not None:
+            return _replay(service, existing, request_hash)
+    # In the server's pool, not a store thread: a spec not seen before costs a plan search (up to seconds).
+    await loop.run_in_executor(None, service.feasible, spec)
+    accepted = await loop.run_in_executor(
+        service.store_calls, _accept, service, who, spec, body, mapping, request_hash, idempotency_key
+    )
+    if isinstance(accepted, JobOut):
+        return accepted  # the same key, posted concurrently
+    service.metrics.submitted.labels(who.tenant).inc()
+    decided = Decided(loop)
+    service.orchestrator.submit(accepted, decided, spec)
+    with contextlib.suppress(TimeoutError):  # past the wait: answered with the reason it waits so far
+        await asyncio.wait_for(decided.future, service.config.decision_wait_s)
+    current = await loop.run_in_executor(service.store_calls, store.get, accepted.id)
+    return service.job_out(current or accepted)
+
+
+def _accept(
+    service: Service,
+    who: Principal,
+    spec: JobSpec,
+    body: JobIn,
+    mapping: dict[str, object],
+    request_hash: str,
+    idempotency_key: str | None,
+) -> JobRecord | JobOut:
+    """The store's part of a submission (a store thread): the new job, or the one the same key made
+    concurrently."""
+    try:
+        return service.store.add_job(
+            job_id=new_job_id(),
+            tenant=who.tenant,
+            name=spec.name,
+            spec=mapping,
+            request_hash=request_hash,
+            idempotency_key=idempotency_key,
+            max_retries=body.max_retries,
+            weight=body.weight,
+            predicted=None,
+        )
+    except IntegrityError:  # the same key posted concurrently: the first one won
+        existing = service.store.by_key(who.tenant, idempotency_key or "")
+        if existing is None:
+            raise
+        return _replay(service, existing, request_hash)
+
+
+def _replay(service: Service, existing: JobRecord, request_hash: str) -> JobOut:
+    if existing.request_hash != request_hash:
+        raise HTTPException(409, "Idempotency-Key already used for a different job")
+    return service.job_out(existing)
+
+
+@router.get("", response_model=JobListOut, responses={401: {}})
+def list_jobs(service: Svc, who: Who, state: STATES | None = None, limit: Limit = 50, offset: Offset = 0) -> JobListOut:
+    """Your jobs (an admin: everyone's) in submission order, optionally of one state, a page at a time."""
+    records, total = service.store.list_jobs(
+        tenant=None if who.admin else who.tenant, state=state, limit=limit, offset=offset
+    )
+    items = [service.job_out(r) for r in records]
+    following = offset + len(items)
+    return JobListOut(
+        items=items, total=total, limit=limit, offset=offset, next_offset=following if following < total else None
+    )
+
+
+@router.get("/{job_id}", response_model=JobOut, responses={401: {}, 404: {}})
+def get_job(job_id: JobIdPath, service: Svc, who: Who) -> JobOut:
+    """One job with its state history, plan, placement, and predicted vs measured memory and step time."""
+    record = visible(service.store.get(job_id), who)
+    history = [EventOut(at=e.at, state=e.state, detail=e.detail) for e in service.store.events(job_id)]
+    return service.job_out(record, history, progress=True)
+
+
+@router.post(
+    "/{job_id}/cancel",
+    response_model=JobOut,
+    responses={401: {}, 404: {}, 409: {"description": "the job already ended"}, 503: {}},
+)
+def cancel_job(job_id: JobIdPath, service: Svc, who: Who) -> JobOut:
+    """Cancel a queued or running job; its GPUs are released."""
+    record = visible(service.store.get(job_id), who)
+    if record.state in TERMINAL_STATES:
+        raise HTTPException(409, f"job already {record.state}")
+    service.writable()
+    orchestrator = service.orchestrator
+    done = orchestrator.cancel(job_id)
+    deadline = time.monotonic() + CANCEL_WAIT_S
+    while True:
+        try:
+            done.result(timeout=0.05)
+            break
+        except FutureTimeout:
+            # The loop waits for the store: the cancel is queued and happens once the store writes.
+            if orchestrator.store_fault is not None or time.monotonic() > deadline:
+                reason = orchestrator.store_fault or f"the scheduler did not answer within {CANCEL_WAIT_S:g} s"
+                raise unavailable(reason) from None
+    return service.job_out(visible(service.store.get(job_id), who))

@@ -1,0 +1,176 @@
+"""What every route of one service shares: its configuration, store, orchestrator, metrics and plan
+searches (:class:`Service`, kept on ``app.state.service``), the request dependencies that reach them
+(:data:`Svc`, :data:`Who`), and the answers common to several routes (404, 422, 503, a job's JSON).
+
+Handlers are plain (threaded) functions that open a database session only inside each store call, so no
+request holds a connection while it waits; the orchestrator's loop is the only writer of job state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Annotated, Any
+
+from fastapi import Depends, Header, HTTPException, Request
+
+from frenzy_opt.api.auth import Principal
+from frenzy_opt.api.metrics import Metrics
+from frenzy_opt.api.plansearch import PlanSearches
+from frenzy_opt.api.schemas import EventOut, JobIn, JobOut
+from frenzy_opt.core.spec import JobSpec, parse_job
+from frenzy_opt.planning.plans import NoFeasiblePlan, search_or_fail
+from frenzy_opt.service.orchestrator import Orchestrator
+from frenzy_opt.service.store import JobRecord, Store
+
+if TYPE_CHECKING:
+    from frenzy_opt.api.app import ServiceConfig
+
+RETRY_AFTER_S = 5
+"""What a 503 asks the client to wait: the orchestrator's write back-off tops out at 5 s."""
+STORE_THREADS = 2
+"""Threads that run a submission's store calls. Few on purpose: a submission waits for its decision on the
+event loop, not in a thread, and every Python thread that wants the interpreter lock at once lengthens the
+others' waits by its switch interval (5 ms, sys.getswitchinterval), which under concurrency delayed the
+event loop by seconds."""
+
+
+@dataclass
+class Service:
+    """One service's parts (module docstring)."""
+
+    config: ServiceConfig
+    store: Store
+    orchestrator: Orchestrator
+    metrics: Metrics
+    searches: PlanSearches
+    store_calls: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(max_workers=STORE_THREADS, thread_name_prefix="frenzy-store")
+    )
+    """Threads that run a submission's store calls (start on first use; one pool for the app's life)."""
+    feasibility_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def writable(self) -> None:
+        """503 unless the store takes writes."""
+        reason = self.orchestrator.store_fault or self.store.file_problem()  # a query per request: 0.3 ms
+        if reason is not None:
+            self.metrics.unavailable.inc()
+            raise unavailable(reason)
+
+    def principal_of(self, authorization: str | None) -> Principal:
+        principal = self.config.tenants.authenticate(authorization)
+        if principal is None:
+            raise HTTPException(401, "missing or unknown bearer token", headers={"WWW-Authenticate": "Bearer"})
+        return principal
+
+    def feasible(self, spec: JobSpec) -> None:
+        """422 (counted as rejected) unless some GPU type of the cluster can hold the job under its
+        placement rules."""
+        with self.feasibility_lock:
+            if self.orchestrator.cache.per_step(spec):
+                return
+        self.metrics.rejected.inc()
+        try:
+            search_or_fail(spec, self.config.cluster)
+        except NoFeasiblePlan as err:
+            raise unprocessable(str(err)) from None
+        raise unprocessable(
+            f"job {spec.name}: memory-feasible plans exist but none the placement rules of "
+            f"{self.config.cluster.name} admit (inside one node, or whole nodes)"
+        )
+
+    def job_out(self, record: JobRecord, history: list[EventOut] | None = None, *, progress: bool = False) -> JobOut:
+        """A job's JSON: the store's record with what only the scheduler knows (why it waits, its progress)."""
+        return job_out(
+            record,
+            self.orchestrator.reason(record.id),
+            history,
+            self.orchestrator.progress(record.id) if progress else None,
+        )
+
+
+def service_of(request: Request) -> Service:
+    service: Service = request.app.state.service
+    return service
+
+
+Svc = Annotated[Service, Depends(service_of)]
+Auth = Annotated[str | None, Header(description="`Bearer <token>`; not needed in local mode")]
+
+
+def principal(service: Svc, authorization: Auth = None) -> Principal:
+    """The caller (401 unless its bearer token is known, or the service has no tokens)."""
+    return service.principal_of(authorization)
+
+
+Who = Annotated[Principal, Depends(principal)]
+
+
+def visible(record: JobRecord | None, who: Principal) -> JobRecord:
+    if record is None or (not who.admin and record.tenant != who.tenant):
+        raise HTTPException(404, "no such job")  # another tenant's job does not exist for you
+    return record
+
+
+def parse_spec(body: JobIn) -> tuple[JobSpec, dict[str, Any]]:
+    """The one parse of a submitted spec (:func:`frenzy_opt.core.spec.parse_job`): the spec, and the mapping
+    the store keeps; 422 with the reason."""
+    mapping = body.spec_mapping()
+    try:
+        return parse_job(mapping), mapping
+    except ValueError as err:
+        raise unprocessable(str(err)) from None
+
+
+class Decided:
+    """Set from the orchestrator's thread once a decision considered the job; awaited on the event loop."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.future: asyncio.Future[None] = loop.create_future()
+
+    def set(self) -> None:
+        self.loop.call_soon_threadsafe(self._done)
+
+    def _done(self) -> None:
+        if not self.future.done():
+            self.future.set_result(None)
+
+
+def unavailable(reason: str) -> HTTPException:
+    return HTTPException(
+        503,
+        f"the job store cannot serve now ({reason}); retry later",
+        headers={"Retry-After": str(RETRY_AFTER_S)},
+    )
+
+
+def unprocessable(message: str, field_path: tuple[str, ...] = ("body",)) -> HTTPException:
+    return HTTPException(status_code=422, detail=[{"loc": list(field_path), "msg": message, "type": "value_error"}])
+
+
+def job_out(
+    record: JobRecord,
+    reason: str | None,
+    history: list[EventOut] | None = None,
+    progress: dict[str, Any] | None = None,
+) -> JobOut:
+    return JobOut(
+        id=record.id,
+        name=record.name,
+        tenant=record.tenant,
+        state=record.state,
+        reason=reason if reason is not None and record.state == "queued" else record.reason,
+        attempts=record.attempts,
+        max_retries=record.max_retries,
+        created_at=record.created_at,
+        updated_at=record.updated_at,
+        plan=record.plan,
+        placement=record.placement,
+        predicted=record.predicted,
+        measured=record.measured,
+        progress=progress if record.state == "running" else None,
+        history=history,
+    )
