@@ -165,6 +165,13 @@ class JobOut(BaseModel):
     measured: dict[str, Any] | None = None
     progress: dict[str, Any] | None = None
     """The running attempt's latest worker report (step, loss, step time), while it runs."""
+    queue_position: int | None = None
+    """While queued: 1 for the job the next scheduling decision considers first."""
+    estimated_start_in_s: float | None = None
+    """While queued: seconds until the GPUs it waits for are expected free, from the scheduler's reservation
+    for it (the predicted ends of the jobs running and waiting ahead); null when not yet planned."""
+    waiting_for: str | None = None
+    """While queued: the GPUs it waits for (``<count> x <GPU type>``)."""
     history: list[EventOut] | None = None
 
 

@@ -82,13 +82,20 @@ class Service:
         )
 
     def job_out(self, record: JobRecord, history: list[EventOut] | None = None, *, progress: bool = False) -> JobOut:
-        """A job's JSON: the store's record with what only the scheduler knows (why it waits, its progress)."""
-        return job_out(
+        """A job's JSON: the store's record with what only the scheduler knows (why it waits, where it stands
+        in the queue, its progress)."""
+        out = job_out(
             record,
             self.orchestrator.reason(record.id),
             history,
             self.orchestrator.progress(record.id) if progress else None,
         )
+        info = self.orchestrator.queue_info(record.id) if record.state == "queued" else None
+        if info is not None:
+            out.queue_position = info.position
+            out.estimated_start_in_s = info.estimated_start_in_s
+            out.waiting_for = info.waiting_for
+        return out
 
 
 def service_of(request: Request) -> Service:

@@ -453,6 +453,11 @@ class GreedyState:
         self._ordered = order
         return list(order)
 
+    def queue_order(self, now: float) -> list[ProblemJob]:
+        """The queue in the order the next decision at ``now`` considers it (the basis of a job's queue
+        position)."""
+        return self._order(now)
+
     def _order(self, now: float) -> list[ProblemJob]:
         """The queue in decision order (module docstring): rank, with near-deadline jobs moved to the front of
         their priority class."""

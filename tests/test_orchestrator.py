@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import itertools
+import time
 from pathlib import Path
 
 import pytest
@@ -238,3 +239,24 @@ def test_each_decision_is_logged_at_info(tmp_path: Path, caplog: pytest.LogCaptu
         job = _submit(orch, SPECS[0])
     decided = [r.getMessage() for r in caplog.records if r.getMessage().startswith("decision: ")]
     assert any(job in m and " on " in m for m in decided), decided
+
+
+def test_queued_jobs_get_their_position_and_the_reservations_start_estimate(tmp_path: Path) -> None:
+    orch = _orchestrator(tmp_path)
+    jobs = [_submit(orch, SPECS[2]) for _ in range(6)]
+    queued = [j for j in jobs if j in orch.state.queue]
+    assert queued and orch.running
+    asked = time.monotonic()
+    infos = {j: orch.queue_info(j) for j in queued}
+    positions = sorted(i.position for i in infos.values() if i is not None and i.position is not None)
+    assert positions == list(range(1, len(queued) + 1))
+    assert all(orch.queue_info(j) is None for j in orch.running)  # only queued jobs have a place in the queue
+    first = next(j for j, i in infos.items() if i is not None and i.position == 1)
+    info = infos[first]
+    assert info is not None and info.estimated_start_in_s is not None and info.waiting_for is not None
+    count, gpu_type = info.waiting_for.split(" x ")
+    assert gpu_type in {g.name for g in CLUSTER.gpu_types()} and int(count) > 0
+    # The estimate is when GPUs of that type free up: no later than the last running job there ends.
+    ends = [r.end_s for r in orch.running.values() if r.option.gpu_type == gpu_type]
+    latest_wall_s = (max(ends) - orch.now()) / orch.time_scale
+    assert 0.0 <= info.estimated_start_in_s <= latest_wall_s + (time.monotonic() - asked)  # the clock moved on

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field, fields, replace
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
@@ -35,9 +36,9 @@ class TrainingConfig:
     micro_batch_size: int = 1
     global_batch_size: int = 512
     train_steps: int = 1000
-    precision: str = "bf16"
+    precision: Precision = Precision.BF16
     optimizer: str = "adamw"
-    runtime: str = "megatron"
+    runtime: Runtime = Runtime.MEGATRON
     memory_headroom: float | None = None
     """Fraction of each GPU's memory the planner keeps free beyond MARP's upper bound (None: the shipped
     fit's default from cross-validation, :mod:`frenzy_opt.prediction.marp.fit`)."""
@@ -51,6 +52,8 @@ class TrainingConfig:
         _check_choice("training.precision", self.precision, PRECISIONS)
         _check_choice("training.optimizer", self.optimizer, OPTIMIZERS)
         _check_choice("training.runtime", self.runtime, RUNTIMES)
+        object.__setattr__(self, "precision", Precision(self.precision))  # a plain string given: its member
+        object.__setattr__(self, "runtime", Runtime(self.runtime))
         check_headroom("training.memory_headroom", self.memory_headroom)
         if not isinstance(self.tp_comm_overlap, bool):
             raise ValueError(f"training.tp_comm_overlap must be true or false, got {self.tp_comm_overlap!r}")
@@ -78,7 +81,7 @@ class ParallelConfig:
     cp: int = 1
     ep: int = 1
     zero_stage: int = 0
-    recompute: str = "none"
+    recompute: Recompute = Recompute.NONE
     attention: str = "flash"
 
     def __post_init__(self) -> None:
@@ -89,6 +92,7 @@ class ParallelConfig:
         if not isinstance(self.sequence_parallel, bool):
             raise ValueError(f"parallel.sequence_parallel must be true or false, got {self.sequence_parallel!r}")
         _check_choice("parallel.recompute", self.recompute, RECOMPUTES)
+        object.__setattr__(self, "recompute", Recompute(self.recompute))
         _check_choice("parallel.attention", self.attention, ATTENTIONS)
         if self.vpp > 1 and self.pp == 1:
             raise ValueError("parallel.vpp > 1 needs parallel.pp > 1 (interleaving splits pipeline stages)")
@@ -100,7 +104,7 @@ class ParallelConfig:
         return self.dp * self.tp * self.pp * self.cp
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return plain(asdict(self))
 
 
 PARALLEL_FIELDS = tuple(f.name for f in fields(ParallelConfig))
@@ -150,7 +154,7 @@ class JobSpec:
         data: dict[str, Any] = {
             "name": self.name,
             "model": {k: v for k, v in self.model.to_dict().items() if v is not None},
-            "training": asdict(self.training),
+            "training": plain(asdict(self.training)),
         }
         if self.pinned:
             data["parallel"] = {k: getattr(self.parallel, k) for k in sorted(self.pinned)}
@@ -237,6 +241,11 @@ def check_headroom(name: str, value: object) -> None:
 def _check_positive_int(name: str, value: object) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def plain(mapping: dict[str, Any]) -> dict[str, Any]:
+    """``mapping`` with its enum members as their strings (what JSON, YAML and the store hold)."""
+    return {k: v.value if isinstance(v, StrEnum) else v for k, v in mapping.items()}
 
 
 def _check_choice(name: str, value: object, allowed: tuple[str, ...]) -> None:

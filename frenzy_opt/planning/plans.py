@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
+from frenzy_opt.core.enums import Precision, Recompute
 from frenzy_opt.core.spec import (
     PARALLEL_FIELDS,
     ZERO_STAGES_BY_RUNTIME,
@@ -319,7 +320,7 @@ def _configs_at(job: JobSpec, shape: _Shape, dp: int) -> Iterator[ParallelConfig
             ep=ep,
             sequence_parallel=shape.sequence_parallel,
             zero_stage=zero,
-            recompute=shape.recompute,
+            recompute=Recompute(shape.recompute),
             attention=job.parallel.attention,
         )
 
@@ -503,7 +504,7 @@ class _Group:
         self.job = job
         self.base = replace(
             job,
-            training=replace(job.training, precision=precision),
+            training=replace(job.training, precision=Precision(precision)),
             parallel=replace(job.parallel, attention=attention),
         )
         self.cache = _PeakCache(job.model, self.base.training)

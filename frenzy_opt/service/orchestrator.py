@@ -44,6 +44,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from frenzy_opt.core.enums import JobState
 from frenzy_opt.core.protocols import Executor
 from frenzy_opt.core.spec import JobSpec, parse_job
 from frenzy_opt.hardware.cluster import ClusterSpec
@@ -147,9 +148,9 @@ class Run:
 class _Pending:
     """State changes of one batch, written in one transaction."""
 
-    transitions: list[tuple[str, str, str, dict[str, Any]]] = field(default_factory=list)
+    transitions: list[tuple[str, JobState, str, dict[str, Any]]] = field(default_factory=list)
 
-    def add(self, job_id: str, state: str, detail: str = "", **fields: Any) -> None:
+    def add(self, job_id: str, state: JobState, detail: str = "", **fields: Any) -> None:
         self.transitions.append((job_id, state, detail, fields))
 
 
@@ -188,6 +189,19 @@ class Stop:
 
 
 Event = Submitted | Exited | CancelRequested | Tick | Stop
+
+
+@dataclass(frozen=True, slots=True)
+class QueueInfo:
+    """Where a queued job stands (:meth:`Orchestrator.queue_info`)."""
+
+    position: int | None
+    """1 for the job the next decision considers first."""
+    estimated_start_in_s: float | None
+    """Wall seconds until the GPUs it waits for are expected free (the greedy's reservation for it, from
+    the predicted ends of what runs and waits ahead); None when no decision has planned its wait."""
+    waiting_for: str | None
+    """The GPUs it waits for, e.g. ``16 x H100-SXM5-80GB``."""
 
 
 @dataclass(slots=True)
@@ -278,6 +292,8 @@ class Orchestrator:
         """... and when it was made."""
         self._fresh: set[str] = set()
         """Queued jobs no decision has considered yet."""
+        self._positions: tuple[tuple[int, int], dict[str, int]] = ((-1, -1), {})
+        """Queue positions, and the (decision count, queue length) they were computed at."""
         self._events: queue.Queue[Event] = queue.Queue()
         self._lock = threading.RLock()
         self._thread: threading.Thread | None = None
@@ -368,6 +384,23 @@ class Orchestrator:
                 return self.quotas.explain(job_id, job.options)
             eta = "unknown" if math.isinf(start) else f"{max(start - at, 0):,.0f} s"
             return f"waiting for {option.num_gpus} x {option.gpu_type} (estimated start in {eta})"
+
+    def queue_info(self, job_id: str) -> QueueInfo | None:
+        """Where a queued job stands (None if it is not queued): its position in the order the next decision
+        considers the queue, and when the last decision's reservations expect it to start."""
+        with self._lock:
+            if job_id not in self.state.queue:
+                return None
+            key = (self.decisions, len(self.state.queue))
+            if self._positions[0] != key:  # one O(queue) pass per decision, and only when asked
+                order = self.state.queue_order(self.now())
+                self._positions = (key, {job.id: i for i, job in enumerate(order, start=1)})
+            position = self._positions[1].get(job_id)
+            option, start = (None, math.inf) if job_id in self._fresh else self._waiting.get(job_id, (None, math.inf))
+            if option is None or math.isinf(start):
+                return QueueInfo(position, None, None)
+            wall_s = max(start - self.now(), 0.0) / self.time_scale
+            return QueueInfo(position, wall_s, f"{option.num_gpus} x {option.gpu_type}")
 
     def calibration_snapshot(self) -> dict[str, Any]:
         """A consistent copy of the closed loop's state: the efficiencies planned with, the last refit's
@@ -486,7 +519,7 @@ class Orchestrator:
             self.executor.cancel(job_id)
             self._release(job)
         self._end(job_id)
-        pending.add(job_id, "failed", f"quarantined: {reason}")
+        pending.add(job_id, JobState.FAILED, f"quarantined: {reason}")
         self._mark_decided(job_id)
 
     def _write(self, pending: _Pending) -> bool:
@@ -520,7 +553,7 @@ class Orchestrator:
         """Queue an accepted (or recovered) job; None, with the job failed, when no plan fits the cluster."""
         options = self.cache.options(spec)
         if not options:
-            pending.add(record.id, "failed", no_option_message(record.id, spec, self.topology.cluster.name))
+            pending.add(record.id, JobState.FAILED, no_option_message(record.id, spec, self.topology.cluster.name))
             self._mark_decided(record.id)
             return None
         job = self.jobs.get(record.id)
@@ -559,7 +592,7 @@ class Orchestrator:
             return  # a cancelled or superseded attempt
         self._release(job)
         if info.ok:
-            pending.add(job_id, "succeeded", "completed", measured=info.measured or None)
+            pending.add(job_id, JobState.SUCCEEDED, "completed", measured=info.measured or None)
             self._learn(job, run, info)
             self._end(job_id)
             return
@@ -594,12 +627,12 @@ class Orchestrator:
     def _retry_or_fail(self, job: Job, cause: str, pending: _Pending) -> None:
         attempts, limit = job.attempts, job.max_retries
         if attempts <= limit:
-            pending.add(job.id, "failed", f"attempt {attempts} failed: {cause}")
-            pending.add(job.id, "queued", f"retry {attempts} of {limit}")
+            pending.add(job.id, JobState.FAILED, f"attempt {attempts} failed: {cause}")
+            pending.add(job.id, JobState.QUEUED, f"retry {attempts} of {limit}")
             job.steps_left = None  # a failed attempt starts over
             self._queue(job, self.cache.options(job.spec), f"queued for retry {attempts} of {limit} after: {cause}")
         else:
-            pending.add(job.id, "failed", f"attempt {attempts} failed: {cause}; retry limit {limit} reached")
+            pending.add(job.id, JobState.FAILED, f"attempt {attempts} failed: {cause}; retry limit {limit} reached")
             self._end(job.id)
 
     def _cancel(self, job_id: str, pending: _Pending) -> None:
@@ -609,9 +642,9 @@ class Orchestrator:
         if job.run is not None:
             self.executor.cancel(job_id)
             self._release(job)
-            pending.add(job_id, "cancelled", "cancelled while running; GPUs released")
+            pending.add(job_id, JobState.CANCELLED, "cancelled while running; GPUs released")
         elif job_id in self.state.queue:
-            pending.add(job_id, "cancelled", "cancelled while queued")
+            pending.add(job_id, JobState.CANCELLED, "cancelled while queued")
         self._end(job_id)
 
     def _steps_at(self, job: Job, now: float) -> int:
@@ -652,7 +685,7 @@ class Orchestrator:
             why = "for a shorter job" if move.reason == "preempt" else "to grow into idle GPUs"
             pending.add(
                 move.job,
-                "queued",
+                JobState.QUEUED,
                 f"stopped {why} after {before - left} of {before} steps; resumes from its checkpoint",
             )
             self._queue(job, options, "queued: stopped, waiting to resume")
@@ -707,9 +740,15 @@ class Orchestrator:
             "runtime_s": a.option.duration_s,
         }
         pending.add(
-            job.id, "scheduled", detail, plan=plan, placement=placement, attempts=job.attempts, predicted=predicted
+            job.id,
+            JobState.SCHEDULED,
+            detail,
+            plan=plan,
+            placement=placement,
+            attempts=job.attempts,
+            predicted=predicted,
         )
-        pending.add(job.id, "running", f"attempt {job.attempts} launched ({self.executor.name})")
+        pending.add(job.id, JobState.RUNNING, f"attempt {job.attempts} launched ({self.executor.name})")
         log.info("decision: %s attempt %d on %s (est. %.0f s)", job.id, job.attempts, detail, a.option.duration_s)
         self._mark_decided(job.id)
         return Launch(
@@ -754,7 +793,7 @@ class Orchestrator:
         if record.problems:
             raise ValueError("; ".join(record.problems))
         job = self._enqueue(record, parse_job(record.spec), pending)
-        if record.state == "queued":
+        if record.state == JobState.QUEUED:
             return "queued"
         if job is None:  # no option on this cluster: failed with the reason
             if record.id in alive:

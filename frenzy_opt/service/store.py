@@ -37,7 +37,7 @@ import os
 import threading
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -182,7 +182,7 @@ class JobRecord:
     idempotency_key: str | None
     request_hash: str
     spec: dict[str, Any]
-    state: str
+    state: JobState
     reason: str
     attempts: int
     max_retries: int
@@ -206,6 +206,7 @@ class JobRecord:
 class EventRecord:
     at: float
     state: str
+    """As written (a state of :class:`JobState`)."""
     detail: str
 
 
@@ -229,6 +230,11 @@ def _record(values: dict[str, Any]) -> JobRecord:
         return value
 
     spec = load("spec_json")
+    try:
+        state = JobState(values["state"])
+    except ValueError:
+        problems.append(f"state {values['state']!r} is not one of {', '.join(STATES)}")
+        state = JobState.FAILED
     if spec is None and not any(p.startswith("spec_json") for p in problems):
         problems.append("spec_json is empty")
     return JobRecord(
@@ -239,7 +245,7 @@ def _record(values: dict[str, Any]) -> JobRecord:
         idempotency_key=values["idempotency_key"],
         request_hash=values["request_hash"],
         spec=spec or {},
-        state=values["state"],
+        state=state,
         reason=values["reason"],
         attempts=values["attempts"],
         max_retries=values["max_retries"],
@@ -456,7 +462,7 @@ class Store:
         ``measured``: JSON-encoded; ``attempts``, ``reason``)."""
         self.apply([(job_id, state, detail, fields)])
 
-    def apply(self, transitions: list[tuple[str, str, str, dict[str, Any]]]) -> None:
+    def apply(self, transitions: Sequence[tuple[str, str, str, dict[str, Any]]]) -> None:
         """Several :meth:`transition` s in order, in one transaction."""
         for _, state, _, _ in transitions:
             if state not in STATES:

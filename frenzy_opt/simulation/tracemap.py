@@ -21,6 +21,7 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
+from frenzy_opt.core.enums import Precision
 from frenzy_opt.core.spec import JobSpec, TrainingConfig
 from frenzy_opt.hardware.topology import Topology
 from frenzy_opt.models.catalog import load_catalog
@@ -38,10 +39,10 @@ DEFAULT_MIX: dict[str, dict[str, float]] = {
 # Training settings per class: longer context and larger global batches for larger models (LLaMA-2 used
 # 4,096 tokens x 4 M-token batches for 7-70 B, Touvron et al. 2023 §2.2; GPT-3 small models 2,048 tokens).
 CLASS_TRAINING: dict[str, TrainingConfig] = {
-    "S": TrainingConfig(seq_len=2048, global_batch_size=256, precision="bf16"),
-    "M": TrainingConfig(seq_len=2048, global_batch_size=512, precision="bf16"),
-    "L": TrainingConfig(seq_len=4096, global_batch_size=256, precision="bf16"),
-    "XL": TrainingConfig(seq_len=4096, global_batch_size=512, precision="bf16"),
+    "S": TrainingConfig(seq_len=2048, global_batch_size=256, precision=Precision.BF16),
+    "M": TrainingConfig(seq_len=2048, global_batch_size=512, precision=Precision.BF16),
+    "L": TrainingConfig(seq_len=4096, global_batch_size=256, precision=Precision.BF16),
+    "XL": TrainingConfig(seq_len=4096, global_batch_size=512, precision=Precision.BF16),
 }
 
 

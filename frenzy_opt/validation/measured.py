@@ -34,7 +34,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from frenzy_opt.core.spec import JobSpec, ParallelConfig, TrainingConfig, check_parallel, default_zero_stage
+from frenzy_opt.core.enums import Precision, Recompute, Runtime
+from frenzy_opt.core.spec import RECOMPUTES, JobSpec, ParallelConfig, TrainingConfig, check_parallel, default_zero_stage
 from frenzy_opt.models.arch import ModelArch
 from frenzy_opt.prediction.marp.fit import FIT_PATH, METRICS, MemoryFit, load_fit
 from frenzy_opt.prediction.marp.predictor import MemoryPrediction, cuda_terms_of, predict_memory, upper_bytes
@@ -233,9 +234,9 @@ def _job_of(row: dict[str, str]) -> JobSpec:
         micro_batch_size=micro,
         global_batch_size=max(num("global_batch"), micro * dp),
         train_steps=1,
-        precision=_precision(row["precision"]),
+        precision=Precision(_precision(row["precision"])),
         optimizer=optimizer,
-        runtime=runtime,
+        runtime=Runtime(runtime),
     )
     parallel = ParallelConfig(
         dp=dp,
@@ -246,7 +247,7 @@ def _job_of(row: dict[str, str]) -> JobSpec:
         ep=ep,
         sequence_parallel=tp > 1 and row.get("sequence_parallel", "").strip().lower().startswith("yes"),
         zero_stage=zero,
-        recompute=recompute if recompute in ("none", "selective", "full") else "none",
+        recompute=Recompute(recompute) if recompute in RECOMPUTES else Recompute.NONE,
         attention="eager" if eager else "flash",
     )
     try:

@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from frenzy_opt.core.enums import Precision, Recompute, Runtime
 from frenzy_opt.core.spec import ZERO_STAGES_BY_RUNTIME, JobSpec, ParallelConfig, TrainingConfig, check_parallel
 from frenzy_opt.hardware.gpus import GpuType, lookup_gpu
 from frenzy_opt.models.arch import ModelArch
@@ -287,7 +288,7 @@ def _least_recompute_that_fits(job: JobSpec, gpu: GpuType, notes: list[str]) -> 
     from frenzy_opt.prediction.marp.predictor import predict_memory
 
     for choice in ("none", "selective", "full"):
-        candidate = replace(job, parallel=replace(job.parallel, recompute=choice))
+        candidate = replace(job, parallel=replace(job.parallel, recompute=Recompute(choice)))
         if predict_memory(candidate, gpu).peak_allocated_bytes <= gpu.memory_bytes * (1 + MEMORY_TOLERANCE):
             break
     if choice != "none":
@@ -394,8 +395,8 @@ def parse_row(row: dict[str, str]) -> StepRun:
         micro_batch_size=micro,
         global_batch_size=max(num("global_batch", micro * dp), micro * dp),
         train_steps=1,
-        precision=precision,
-        runtime=runtime,
+        precision=Precision(precision),
+        runtime=Runtime(runtime),
         tp_comm_overlap=overlap,
     )
     parallel = ParallelConfig(
@@ -407,7 +408,7 @@ def parse_row(row: dict[str, str]) -> StepRun:
         ep=ep,
         sequence_parallel=sp,
         zero_stage=zero,
-        recompute=_recompute(row["recompute"]),
+        recompute=Recompute(_recompute(row["recompute"])),
         attention="eager" if _eager(row["framework"]) else "flash",
     )
     num_gpus = num("num_gpus", parallel.num_gpus)
@@ -453,7 +454,7 @@ def runs_from_reports(paths: Sequence[str | Path]) -> list[StepRun]:
         try:
             plan, measured = Plan.from_dict(report["plan"]), report.get("measured") or {}
             job = parse_job(report["job"]).with_parallel(plan.parallel, plan.micro_batch_size)
-            job = replace(job, training=replace(job.training, precision=plan.precision))
+            job = replace(job, training=replace(job.training, precision=Precision(plan.precision)))
             gpu = lookup_gpu(plan.gpu_type)
             per_node = int((report.get("placement") or {}).get("gpus_per_node") or job.parallel.num_gpus)
         except (KeyError, TypeError, ValueError) as err:
