@@ -214,14 +214,14 @@ def links_of(interconnect: str, gpu: GpuType, gpus_per_node: int, intra: str) ->
     else:
         nic_gbit_s = 100.0
         notes.append("inter-node network not stated: 1 x 100 Gbit/s assumed")
-    spec = gpu.pcie_gbyte_s if intra == "pcie" else gpu.intra_node_gbyte_s
-    if "400 gb/s" in low.split(";")[0] and "nvlink" in low:
-        spec = 400.0  # A800/H800: NVLink capped at 400 GB/s (the row's own words)
-    links = Links(
-        intra_node_gbyte_s=spec / 2,
-        nic_gbyte_s=nics * nic_gbit_s / 8,
+    capped = "400 gb/s" in low.split(";")[0] and "nvlink" in low  # A800/H800: NVLink at 400 GB/s (the row's words)
+    links = Links.for_gpu(
+        gpu,
+        inter_node_gbit_s=nics * nic_gbit_s,
         gpus_per_node=gpus_per_node,
+        intra_node=intra,
         nvlink_domain=domain,
+        intra_node_spec_gbyte_s=400.0 if capped else None,
     )
     return links, notes
 
