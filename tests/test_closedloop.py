@@ -1,5 +1,6 @@
 """The closed loop's arithmetic: a recalibration recovers a known efficiency from step times generated with
-it, lowers the step-time error, and memory is compared only with comparable measurements."""
+it, lowers the step-time error and never raises it, and memory is compared only with comparable
+measurements."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ from dataclasses import replace
 import pytest
 
 from frenzy_opt.core.spec import parse_job
+from frenzy_opt.hardware.gpus import lookup_gpu
 from frenzy_opt.planning.plans import DEFAULT_STEP_MODEL, enumerate_plans
 from frenzy_opt.planning.scenario import load_cluster_ref
+from frenzy_opt.prediction import closedloop
 from frenzy_opt.prediction.closedloop import Sample, memory_errors, predicted_step_s, recalibrate, sample_of
 
 CLUSTER = load_cluster_ref("paper-3type")
@@ -35,7 +38,29 @@ def test_recalibration_recovers_the_efficiency_that_generated_the_times() -> Non
     assert entry["efficiency_after"] == pytest.approx(0.31, rel=1e-6)
     assert entry["step_time_error_after"] < 1e-6 < entry["step_time_error_before"]
     assert model.efficiency["A100-SXM4-80GB@bf16"] == pytest.approx(0.31, rel=1e-6)
+    assert model.efficiency_of(lookup_gpu("A100-SXM4-80GB"), "bf16") == entry["efficiency_after"]
     assert entry["samples"] == len(samples)
+
+
+def test_recalibration_never_raises_the_mean_relative_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Runs no one efficiency explains (measured times scattered around the truth's): the fit minimises the
+    # squared log error, the report's error is the mean relative one; the latter never gets worse.
+    samples = [
+        replace(s, step_time_s=s.step_time_s * f) for s, f in zip(_samples(0.3), (0.5, 3, 1, 0.7, 2, 1.4), strict=True)
+    ]
+    before = DEFAULT_STEP_MODEL.efficiency_of(samples[0].gpu, "bf16")
+    _, report = recalibrate(samples, DEFAULT_STEP_MODEL)
+    entry = report["A100-SXM4-80GB@bf16"]
+    assert entry["step_time_error_after"] <= entry["step_time_error_before"]
+    assert entry["efficiency_before"] == before
+    # A fit that lands somewhere worse on that metric is not taken: the starting efficiency stays.
+    worse = DEFAULT_STEP_MODEL.with_efficiency("A100-SXM4-80GB", 1e-3, "bf16")
+    monkeypatch.setattr(closedloop, "fit_points", lambda *args, **kwargs: worse)
+    model, report = recalibrate(samples, DEFAULT_STEP_MODEL)
+    entry = report["A100-SXM4-80GB@bf16"]
+    assert entry["efficiency_after"] == before
+    assert entry["step_time_error_after"] == entry["step_time_error_before"]
+    assert model.efficiency_of(samples[0].gpu, "bf16") == before
 
 
 def test_memory_is_compared_only_for_comparable_measurements() -> None:

@@ -21,6 +21,7 @@ from frenzy_opt.validation.steptime import (
     REQUIRED_COLUMNS,
     cross_validate,
     fit,
+    links_of,
     parse_row,
     predict_s,
     read_runs,
@@ -125,6 +126,17 @@ def test_rows_that_cannot_be_modelled_say_why() -> None:
     assert mixed.job is not None and mixed.job.training.precision == "fp32"
     pinned = parse_row({**BASE, "row_id": "13", "source_name": "x", "iteration_time_s": "2"})
     assert refused(pinned) is None
+
+
+def test_a_rows_own_link_figures_override_the_catalogues() -> None:
+    # The DGX A800 rows' words: NVLink capped at 400 GB/s (bidirectional), one 200 Gbit/s NIC per GPU; on an
+    # A100 (600 GB/s NVLink in the catalogue) the row's figure wins.
+    a100 = lookup_gpu("A100-SXM4-80GB")
+    links, notes = links_of("NVLink 400 GB/s; InfiniBand 200 Gb/s", a100, 8, a100.intra_node)
+    assert (links.intra_node_gbyte_s, links.nic_gbyte_s, links.gpus_per_node) == (200.0, 8 * 200 / 8, 8)
+    assert any("one NIC per GPU" in n for n in notes)
+    plain, _ = links_of("NVLink; InfiniBand 200 Gb/s", a100, 8, a100.intra_node)
+    assert plain.intra_node_gbyte_s == a100.intra_node_gbyte_s / 2 == 300.0
 
 
 def test_launcher_reports_are_measured_runs(tmp_path: Path) -> None:

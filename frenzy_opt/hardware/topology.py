@@ -61,10 +61,16 @@ class Links:
         gpus_per_node: int = 8,
         intra_node: str | None = None,
         nvlink_domain: int = 0,
+        intra_node_spec_gbyte_s: float | None = None,
     ) -> Links:
-        """Links of ``gpu``'s nodes: ``inter_node_gbps`` is Gbit/s per node (all NICs; None: one node only);
-        ``intra_node="pcie"`` overrides an NVLink part's default (a PCIe-only server)."""
-        spec = gpu.pcie_gbyte_s if intra_node == "pcie" else gpu.intra_node_gbyte_s
+        """Links of ``gpu``'s nodes: ``inter_node_gbit_s`` is Gbit/s per node (all NICs; None: one node only);
+        ``intra_node="pcie"`` overrides an NVLink part's default (a PCIe-only server), and
+        ``intra_node_spec_gbyte_s`` both: the intra-node figure as a spec sheet states it (bidirectional), for a
+        server whose own words give it (an A800's or H800's NVLink capped at 400 GB/s)."""
+        if intra_node_spec_gbyte_s is not None:
+            spec = intra_node_spec_gbyte_s
+        else:
+            spec = gpu.pcie_gbyte_s if intra_node == "pcie" else gpu.intra_node_gbyte_s
         return Links(
             intra_node_gbyte_s=spec / 2,
             nic_gbyte_s=(inter_node_gbit_s or 0.0) / 8,

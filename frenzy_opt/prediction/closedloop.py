@@ -4,15 +4,15 @@ same plan, and the recalibration of the per-GPU-type efficiency factors from tho
 A :class:`Sample` is one finished attempt: its job spec at the plan's parallel config, the GPU type and the
 links of its placement, the measured median step time (warm-up step excluded) and per-rank peak memory.
 :func:`recalibrate` refits, per ``GPU@precision`` with samples, the achievable efficiency of the step-time
-model to minimise the mean relative step-time error (:func:`fit_relative`) and reports that error before
-and after. :func:`memory_errors` compares measured peak memory with MARP's
-``peak_allocated_bytes`` where the measurement is of the same quantity (``torch.cuda`` peak allocated bytes
-on GPU, MemTracker's peak live tensor storage on CPU); a process's resident set size is not.
+model (with :mod:`frenzy_opt.prediction.fitting`'s fitter, minimising the squared log error of the predicted
+step times) and reports the mean relative step-time error before and after. :func:`memory_errors` compares
+measured peak memory with MARP's ``peak_allocated_bytes`` where the measurement is of the same quantity
+(``torch.cuda`` peak allocated bytes on GPU, MemTracker's peak live tensor storage on CPU); a process's
+resident set size is not.
 """
 
 from __future__ import annotations
 
-import math
 import statistics
 from dataclasses import dataclass, replace
 from typing import Any
@@ -21,9 +21,14 @@ from frenzy_opt.core.spec import JobSpec, plan_layout
 from frenzy_opt.hardware.cluster import ClusterSpec
 from frenzy_opt.hardware.gpus import GpuType, lookup_gpu
 from frenzy_opt.hardware.topology import links_for
+from frenzy_opt.prediction.fitting import FitPoint, efficiency_parameter, fit_points
 from frenzy_opt.prediction.steptime import Links, StepTimeModel, step_terms
 
 COMPARABLE_MEMORY = ("MemTracker", "torch.cuda.max_memory_allocated")
+# The range a refitted efficiency may take: a run can reach far below a GPU type's usual efficiency (a CPU
+# slot priced as a GPU type, a tiny model that is all fixed overhead), and 1 is the peak
+# (:meth:`StepTimeModel.with_efficiency` admits (0, 1]).
+EFFICIENCY_RANGE = (1e-5, 1.0)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -78,55 +83,44 @@ def _mean_error(samples: list[Sample], model: StepTimeModel) -> float:
     return statistics.fmean(abs(predicted_step_s(s, model) / s.step_time_s - 1) for s in samples)
 
 
-def fit_relative(samples: list[Sample], model: StepTimeModel) -> float:
-    """The efficiency of ``samples``' GPU type (and precision) minimising the mean relative step-time error.
-
-    An absolute squared error would let the slowest run dominate; runs of one type but very different sizes
-    (a tiny model's steps are mostly fixed overhead) need every run weighed alike. The error is unimodal in
-    log(efficiency) for one sample and close to it for several: a log-spaced scan of (1e-5, 1] then
-    golden-section refinement around the best point; the current efficiency is a candidate too, so the fit
-    never does worse than the model it starts from.
-    """
-    gpu, precision = samples[0].gpu, samples[0].precision
-    terms = [(step_terms(s.spec), s) for s in samples]
-
-    def error(log_eff: float) -> float:
-        trial = model.with_efficiency(gpu.name, min(math.exp(log_eff), 1.0), precision)
-        return statistics.fmean(abs(t.evaluate(s.gpu, s.links, trial).total_s / s.step_time_s - 1) for t, s in terms)
-
-    grid = [math.log(1e-5) + i * (0 - math.log(1e-5)) / 200 for i in range(201)]
-    current = math.log(model.efficiency_of(gpu, precision))
-    best = min([*grid, current], key=error)
-    lo, hi = best - 0.06, min(best + 0.06, 0.0)
-    ratio = (math.sqrt(5) - 1) / 2
-    for _ in range(60):
-        a, b = hi - ratio * (hi - lo), lo + ratio * (hi - lo)
-        if error(a) <= error(b):
-            hi = b
-        else:
-            lo = a
-    refined = (lo + hi) / 2
-    return math.exp(min([best, refined], key=error))
-
-
 def recalibrate(samples: list[Sample], model: StepTimeModel) -> tuple[StepTimeModel, dict[str, dict[str, Any]]]:
-    """The model with each sampled ``GPU@precision``'s efficiency refitted (:func:`fit_relative`), and per
-    key: samples, efficiency before/after, mean relative step-time error before/after."""
-    report: dict[str, dict[str, Any]] = {}
+    """The model with each sampled ``GPU@precision``'s efficiency refitted, and per key: samples, efficiency
+    before/after, mean relative step-time error before/after.
+
+    One efficiency per key (stored under the ``f"{gpu}@{precision}"`` key that
+    :meth:`StepTimeModel.efficiency_of` reads first), each starting from the model's current value, fitted by
+    :func:`frenzy_opt.prediction.fitting.fit_points`: ``log(predicted / measured)`` weighs every run alike, so
+    the slowest run does not dominate runs of one type but very different sizes (a tiny model's steps are
+    mostly fixed overhead). No prior: only the sampled keys' efficiencies are fitted, each informed by its
+    own runs. The range is :data:`EFFICIENCY_RANGE`. The reported error is the mean relative error; a key
+    whose fitted efficiency makes that worse than the starting model's keeps the starting efficiency.
+    """
     by_key: dict[str, list[Sample]] = {}
     for s in samples:
         by_key.setdefault(s.key, []).append(s)
+    start = {key: model.efficiency_of(group[0].gpu, group[0].precision) for key, group in by_key.items()}
+    params = [
+        efficiency_parameter(key, start=start[key], lo=EFFICIENCY_RANGE[0], hi=EFFICIENCY_RANGE[1])
+        for key in sorted(by_key)
+    ]
+    points = [FitPoint(step_terms(s.spec), s.gpu, s.links, s.step_time_s) for s in samples]
+    trial = fit_points(points, params, model) if points else model
     fitted = model
+    report: dict[str, dict[str, Any]] = {}
     for key, group in sorted(by_key.items()):
         gpu, precision = group[0].gpu, group[0].precision
-        before = model.efficiency_of(gpu, precision)
-        efficiency = min(max(fit_relative(group, model), 1e-6), 1.0)
-        fitted = fitted.with_efficiency(gpu.name, efficiency, precision)
+        error_before = _mean_error(group, model)
+        efficiency = trial.efficiency[key]
+        candidate = fitted.with_efficiency(gpu.name, efficiency, precision)
+        if _mean_error(group, candidate) > error_before:
+            efficiency = start[key]
+            candidate = fitted.with_efficiency(gpu.name, efficiency, precision)
+        fitted = candidate
         report[key] = {
             "samples": len(group),
-            "efficiency_before": before,
+            "efficiency_before": start[key],
             "efficiency_after": efficiency,
-            "step_time_error_before": _mean_error(group, model),
+            "step_time_error_before": error_before,
             "step_time_error_after": _mean_error(group, fitted),
         }
     return fitted, report

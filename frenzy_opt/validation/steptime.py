@@ -21,7 +21,9 @@ balanced their stages for speed, so this is an upper estimate.
 **Error** of a row = ``predicted / measured - 1``; the scores are the mean of ``|error|``. **Fit**
 (:func:`fit`): the parameters of :class:`~frenzy_opt.prediction.steptime.StepTimeModel` minimising the sum of squared
 ``log(predicted / measured)`` (a relative error, symmetric in over- and under-prediction), by
-Levenberg-Marquardt (Marquardt 1963) over the logarithms of the parameters with a numerical Jacobian.
+Levenberg-Marquardt (Marquardt 1963) over the logarithms of the parameters with a numerical Jacobian
+(:func:`frenzy_opt.prediction.fitting.fit_points`, the fitter the closed loop uses too), with a weak pull
+towards the starting parameters (:data:`PRIOR_WEIGHT`).
 **Cross-validation** (:func:`cross_validate`) refits without each source (or GPU type) in turn and
 predicts that group's rows with the others' parameters.
 """
@@ -37,14 +39,19 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from frenzy_opt.core.enums import Precision, Recompute, Runtime
 from frenzy_opt.core.spec import ZERO_STAGES_BY_RUNTIME, JobSpec, ParallelConfig, TrainingConfig, check_parallel
 from frenzy_opt.hardware.gpus import GpuType, lookup_gpu
 from frenzy_opt.models.arch import ModelArch
+from frenzy_opt.prediction.fitting import (
+    FitPoint,
+    Parameter,
+    efficiency_parameter,
+    fit_points,
+    per_runtime_parameter,
+    scalar_parameter,
+)
 from frenzy_opt.prediction.steptime import (
-    DEFAULT_EFFICIENCY,
     FIT_PATH,
     MIN_BAND_RUNS,
     Links,
@@ -119,11 +126,8 @@ class StepRun:
     heterogeneous: bool = False
 
 
-# The most of the dense peak a large GEMM reaches: cuBLAS sustains roughly 75-85 % of the tensor peak on
-# large bf16 GEMMs on A100 and H100 (NVIDIA "Matrix Multiplication Background User's Guide", Fig. 2-3 reach
-# about 250 of 312 TFLOP/s on A100), so fits are bounded there.
-MAX_GEMM_EFFICIENCY = 0.85
-# Physical ranges of the other parameters: a layer forward reads and writes its activations some 4 times
+# Physical ranges of the parameters other than the efficiencies (those are bounded by
+# frenzy_opt.prediction.fitting.MAX_GEMM_EFFICIENCY): a layer forward reads and writes its activations some 4 times
 # when fully fused and about 60 when every op is its own kernel (eager PyTorch: each norm, add, dropout,
 # activation and cast reads and writes its input); a layer runs 20-80 kernels forward and backward at 5-25 us
 # of launch and framework cost each (CUDA C++ Best Practices Guide, "Kernel launch overhead").
@@ -211,14 +215,14 @@ def links_of(interconnect: str, gpu: GpuType, gpus_per_node: int, intra: str) ->
     else:
         nic_gbit_s = 100.0
         notes.append("inter-node network not stated: 1 x 100 Gbit/s assumed")
-    spec = gpu.pcie_gbyte_s if intra == "pcie" else gpu.intra_node_gbyte_s
-    if "400 gb/s" in low.split(";")[0] and "nvlink" in low:
-        spec = 400.0  # A800/H800: NVLink capped at 400 GB/s (the row's own words)
-    links = Links(
-        intra_node_gbyte_s=spec / 2,
-        nic_gbyte_s=nics * nic_gbit_s / 8,
+    capped = "400 gb/s" in low.split(";")[0] and "nvlink" in low  # A800/H800: NVLink at 400 GB/s (the row's words)
+    links = Links.for_gpu(
+        gpu,
+        inter_node_gbit_s=nics * nic_gbit_s,
         gpus_per_node=gpus_per_node,
+        intra_node=intra,
         nvlink_domain=domain,
+        intra_node_spec_gbyte_s=400.0 if capped else None,
     )
     return links, notes
 
@@ -561,60 +565,18 @@ def score(runs: Sequence[StepRun], model: StepTimeModel) -> list[Scored]:
     return out
 
 
-@dataclass(frozen=True, slots=True)
-class _Parameter:
-    name: str
-    get: Callable[[StepTimeModel], float]
-    put: Callable[[StepTimeModel, float], StepTimeModel]
-    lo: float
-    hi: float
-
-
-def _efficiency_parameter(key: str) -> _Parameter:
-    return _Parameter(
-        f"efficiency[{key}]",
-        lambda m: m.efficiency.get(key, DEFAULT_EFFICIENCY.get(key, 0.5)),
-        lambda m, v: replace(m, efficiency={**m.efficiency, key: v}),
-        0.02,
-        MAX_GEMM_EFFICIENCY,
-    )
-
-
-def _per_runtime_parameter(name: str, runtime: str, lo: float, hi: float, start: float | None = None) -> _Parameter:
-    """The ``runtime`` entry of one of :class:`StepTimeModel`'s per-runtime tables (``name``); an absent
-    entry starts from ``start``, else from the model's fall-back for the runtime."""
-
-    def get(m: StepTimeModel) -> float:
-        table: dict[str, float] = getattr(m, name)
-        return table.get(runtime, start) if start is not None else m.per_runtime(name, runtime)
-
-    def put(m: StepTimeModel, v: float) -> StepTimeModel:
-        values: dict[str, Any] = {name: {**getattr(m, name), runtime: v}}
-        return replace(m, **values)
-
-    return _Parameter(f"{name}[{runtime}]", get, put, lo, hi)
-
-
-def _attention_parameter() -> _Parameter:
+def _attention_parameter() -> Parameter:
     """One FlashAttention efficiency for every runtime: per-runtime values fit better in sample and worse
     left out (measured: leave one source out 28.9 % against 27.9 %), too few runs tell the kernels apart."""
-    return _per_runtime_parameter("attention_efficiency", "*", 0.1, 1.0)
+    return per_runtime_parameter("attention_efficiency", "*", 0.1, 1.0)
 
 
-def _scalar(name: str, lo: float, hi: float) -> _Parameter:
-    def put(m: StepTimeModel, v: float) -> StepTimeModel:
-        values: dict[str, Any] = {name: v}
-        return replace(m, **values)
-
-    return _Parameter(name, lambda m: float(getattr(m, name)), put, lo, hi)
-
-
-def parameters_for(runs: Sequence[StepRun], *, keys: str = "architecture") -> list[_Parameter]:
+def parameters_for(runs: Sequence[StepRun], *, keys: str = "architecture") -> list[Parameter]:
     """The parameters the runs can inform: an efficiency per GPU architecture (or per GPU type with
     ``keys="gpu"``) among them, the fp8 ratio if any run is fp8, the per-micro-batch overhead of each
     runtime with a pipelined or accumulating run, and the elementwise passes and per-layer cost."""
     rows = usable(runs)
-    out: list[_Parameter] = []
+    out: list[Parameter] = []
     seen: set[str] = set()
     if keys == "gpu":  # a user's few runs: one efficiency per GPU type (and format) they ran on
         for r in rows:
@@ -622,21 +584,21 @@ def parameters_for(runs: Sequence[StepRun], *, keys: str = "architecture") -> li
             key = f"{r.gpu.name}@{r.job.training.precision}"
             if key not in seen:
                 seen.add(key)
-                out.append(_efficiency_parameter(key))
+                out.append(efficiency_parameter(key))
         return out
     for r in rows:
         assert r.gpu is not None
         key = r.gpu.architecture if keys == "architecture" else r.gpu.name
         if key not in seen:
             seen.add(key)
-            out.append(_efficiency_parameter(key))
+            out.append(efficiency_parameter(key))
     if any(r.job is not None and r.job.training.precision == "fp8" for r in rows):
-        out.append(_scalar("fp8_efficiency", 0.2, 1.0))
+        out.append(scalar_parameter("fp8_efficiency", 0.2, 1.0))
     runtimes = sorted({r.job.training.runtime for r in rows if r.job is not None})
-    out.extend(_per_runtime_parameter("microbatch_overhead_s", rt, 1e-5, 1.0, start=1e-3) for rt in runtimes)
+    out.extend(per_runtime_parameter("microbatch_overhead_s", rt, 1e-5, 1.0, start=1e-3) for rt in runtimes)
     if keys == "architecture" and len(rows) >= 8:
-        out.extend(_per_runtime_parameter("elementwise_passes", rt, *ELEMENTWISE_PASSES_RANGE) for rt in runtimes)
-        out.extend(_per_runtime_parameter("layer_overhead_s", rt, *LAYER_OVERHEAD_RANGE) for rt in runtimes)
+        out.extend(per_runtime_parameter("elementwise_passes", rt, *ELEMENTWISE_PASSES_RANGE) for rt in runtimes)
+        out.extend(per_runtime_parameter("layer_overhead_s", rt, *LAYER_OVERHEAD_RANGE) for rt in runtimes)
         out.append(_attention_parameter())
     return out
 
@@ -648,56 +610,20 @@ def fit(
     keys: str = "architecture",
     iterations: int = 60,
 ) -> StepTimeModel:
-    """Parameters minimising ``sum(log(predicted / measured)^2)`` over ``runs`` (module docstring)."""
+    """Parameters minimising ``sum(log(predicted / measured)^2)`` over ``runs`` (module docstring): the
+    fittable runs and :func:`parameters_for` them, fitted by :func:`frenzy_opt.prediction.fitting.fit_points`
+    with the weak prior :data:`PRIOR_WEIGHT`."""
     model = base or StepTimeModel()
     runs = fittable(runs)
     prepared = _prepare(runs)
     if not prepared:
         raise ValueError("fit needs at least one usable homogeneous measured run")
+    points = []
+    for p in prepared:
+        assert p.run.gpu is not None and p.run.links is not None
+        points.append(FitPoint(p.terms, p.run.gpu, p.run.links, float(p.run.measured_s or 0.0)))
     params = parameters_for(runs, keys=keys)
-    lo = np.log([p.lo for p in params])
-    hi = np.log([p.hi for p in params])
-    x = np.clip(np.log([p.get(model) for p in params]), lo, hi)
-    measured = np.log([float(p.run.measured_s or 0.0) for p in prepared])
-
-    def model_at(v: np.ndarray) -> StepTimeModel:
-        m = model
-        for p, value in zip(params, np.exp(v), strict=True):
-            m = p.put(m, float(value))
-        return m
-
-    def residuals(v: np.ndarray) -> np.ndarray:
-        m = model_at(v)
-        pred = [p.terms.evaluate(p.run.gpu, p.run.links, m).total_s for p in prepared]  # type: ignore[arg-type]
-        # A weak pull towards the starting point keeps parameters the runs barely inform where they were.
-        return np.concatenate([np.log(pred) - measured, PRIOR_WEIGHT * (v - x0)])
-
-    x0 = x.copy()
-    damping = 1e-2
-    current = residuals(x)
-    cost = float(current @ current)
-    for _ in range(iterations):
-        jac = np.empty((current.size, x.size))
-        for j in range(x.size):
-            step = np.zeros_like(x)
-            step[j] = 1e-5
-            jac[:, j] = (residuals(x + step) - current) / 1e-5
-        a = jac.T @ jac
-        g = jac.T @ current
-        improved = False
-        for _ in range(10):
-            delta = np.linalg.solve(a + damping * np.diag(np.diag(a) + 1e-9), -g)
-            trial = np.clip(x + delta, lo, hi)
-            r = residuals(trial)
-            c = float(r @ r)
-            if c < cost:
-                x, current, cost, improved = trial, r, c, True
-                damping = max(damping / 3, 1e-7)
-                break
-            damping *= 4
-        if not improved or float(np.max(np.abs(delta))) < 1e-6:
-            break
-    return model_at(x)
+    return fit_points(points, params, model, prior_weight=PRIOR_WEIGHT, iterations=iterations)
 
 
 def _group(run: StepRun, by: str) -> str:
