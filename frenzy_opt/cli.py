@@ -1108,6 +1108,16 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_reference(args: argparse.Namespace) -> int:
+    from frenzy_opt.planning.reference import payload, render
+
+    def show(_: Console) -> None:
+        sys.stdout.write(render())
+
+    _emit(args, payload(), show)
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from frenzy_opt.api.server import demo
 
@@ -1260,6 +1270,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, help="train at most this many steps")
     p.add_argument("--partition", help="slurm: the partition to submit to")
     p.add_argument("--image", default="frenzy-opt:latest", help="k8s: the container image with frenzy-opt")
+    add("reference", "the field reference of job specs, cluster files and the GPU catalogue (Markdown)", cmd_reference)
     p = add("demo", "the serverless flow in a minute: service, HTTP submissions, live decisions", cmd_demo)
     p.add_argument("scenario", nargs="?", default=DEFAULT_SCENARIO, help="scenario file or shipped name")
     p.add_argument("--time-scale", type=float, default=3600.0, help="cluster seconds per wall second (default 3600)")
