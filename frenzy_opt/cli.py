@@ -24,6 +24,7 @@ from frenzy_opt.core.spec import load_job
 from frenzy_opt.hardware.gpus import load_gpus, resolve_gpu
 from frenzy_opt.models.catalog import load_catalog
 from frenzy_opt.planning.export import TARGETS as EXPORT_TARGETS
+from frenzy_opt.planning.export import decided_placement, load_placement, to_k8s, to_slurm
 from frenzy_opt.planning.plans import NoFeasiblePlan, PlanSearch, search_or_fail
 from frenzy_opt.planning.problem import (
     OptionCache,
@@ -308,17 +309,35 @@ def _plans_table(title: str, search: PlanSearch, top: int) -> Table:
 def cmd_plan(args: argparse.Namespace) -> int:
     from frenzy_opt.prediction.calibrations import resolve_model
 
+    if args.out and not args.export:
+        raise ValueError("--out writes the --export script or manifest: give --export slurm or --export k8s")
+    if args.export and args.headroom is not None:
+        raise ValueError(
+            "--export takes the service's plan, planned at the job's training.memory_headroom (or the fit's): "
+            "set that field instead of --headroom"
+        )
     job = load_job(resolve(args.job))
     cluster = load_cluster_ref(args.cluster)
-    search = search_or_fail(job, cluster, headroom=args.headroom, step_model=resolve_model(args.calibration))
+    step_model = resolve_model(args.calibration)
+    search = search_or_fail(job, cluster, headroom=args.headroom, step_model=step_model)
     payload = {
         "job": job.name,
         "cluster": cluster.name,
         "calibration": args.calibration or "shipped",
         **plans_payload(search, args.top),
     }
+    text = None
+    if args.export:
+        placement = decided_placement(job, cluster, step_model=step_model)
+        text = to_slurm(placement) if args.export == "slurm" else to_k8s(placement)
+        if args.out:
+            Path(args.out).write_text(text, encoding="utf-8")
+        payload["export"] = {"target": args.export, "out": args.out, "placement": placement, "text": text}
 
     def render(console: Console) -> None:
+        if text is not None and not args.out:
+            sys.stdout.write(text)  # the script or manifest alone, for `frenzy plan ... --export slurm > FILE`
+            return
         console.print(
             _plans_table(f"{job.name} on {cluster.name}: {len(search.plans)} feasible plans", search, args.top)
         )
@@ -329,6 +348,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
             "headroom column = memory left above the upper bound; step band = 10th-90th percentile from the "
             f"step-time model's cross-validated errors (calibration: {payload['calibration']})"
         )
+        if args.export:
+            chosen = payload["export"]["placement"]
+            plan, nodes = chosen["plan"], chosen["placement"]["nodes"]
+            console.print(
+                f"wrote {args.out} ({args.export}): the scheduler's plan on an empty cluster, {plan['num_gpus']} x "
+                f"{plan['gpu_type']} ({_parallel_text(plan['parallel'])}, micro-batch {plan['micro_batch_size']}) "
+                f"on {len(nodes)} node(s)",
+                highlight=False,
+            )
 
     _emit(args, payload, render)
     return 0
@@ -1064,8 +1092,6 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from frenzy_opt.planning.export import load_placement, to_k8s, to_slurm
-
     placement = load_placement(resolve(args.placement))
     if args.to == "slurm":
         text = to_slurm(placement, steps=args.steps, partition=args.partition)
@@ -1079,6 +1105,16 @@ def cmd_export(args: argparse.Namespace) -> int:
         sys.stdout.write(text if not args.out else f"wrote {args.out}\n")
 
     _emit(args, payload, render)
+    return 0
+
+
+def cmd_reference(args: argparse.Namespace) -> int:
+    from frenzy_opt.planning.reference import payload, render
+
+    def show(_: Console) -> None:
+        sys.stdout.write(render())
+
+    _emit(args, payload(), show)
     return 0
 
 
@@ -1122,6 +1158,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--headroom", type=float, help="fraction of GPU memory kept free above the upper bound (default: the fit's)"
     )
     p.add_argument("--calibration", help="step-time calibration profile (frenzy calibrate FILE --name NAME)")
+    p.add_argument(
+        "--export",
+        choices=EXPORT_TARGETS,
+        help="print the plan the scheduler takes on the empty cluster as a Slurm batch script or a Kubernetes "
+        "manifest instead of the table (as `frenzy export` writes them)",
+    )
+    p.add_argument("--out", help="--export: write the script or manifest here and print the table")
     p = add(
         "validate",
         "score MARP or the step-time model on measured runs (calibration-format CSV), cross-validated",
@@ -1227,6 +1270,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, help="train at most this many steps")
     p.add_argument("--partition", help="slurm: the partition to submit to")
     p.add_argument("--image", default="frenzy-opt:latest", help="k8s: the container image with frenzy-opt")
+    add("reference", "the field reference of job specs, cluster files and the GPU catalogue (Markdown)", cmd_reference)
     p = add("demo", "the serverless flow in a minute: service, HTTP submissions, live decisions", cmd_demo)
     p.add_argument("scenario", nargs="?", default=DEFAULT_SCENARIO, help="scenario file or shipped name")
     p.add_argument("--time-scale", type=float, default=3600.0, help="cluster seconds per wall second (default 3600)")

@@ -23,23 +23,42 @@ class ModelArch:
     """A decoder-only transformer. Sizes are counts of elements, not bytes."""
 
     num_layers: int
+    """Transformer blocks."""
     hidden_size: int
+    """Width of the residual stream (the embedding dimension)."""
     ffn_hidden_size: int
+    """Inner width of each dense MLP."""
     num_attention_heads: int
+    """Query heads per attention layer."""
     num_kv_heads: int
+    """Key/value heads (grouped-query attention; equal to the query heads for multi-head attention). It
+    divides the query heads."""
     vocab_size: int
+    """Tokens in the vocabulary: rows of the embedding and the output layer."""
     mlp: str = "swiglu"
+    """MLP kind: swiglu (gate, up and down projections) or gelu (up and down)."""
     norm: str = "rmsnorm"
+    """Normalisation: rmsnorm (a scale) or layernorm (a scale and a bias)."""
     tied_embeddings: bool = False
+    """The output layer reuses the input embedding's weights."""
     num_experts: int = 1
+    """Experts per MLP layer (1: a dense model; more: mixture of experts)."""
     moe_top_k: int = 1
+    """Experts each token is routed to (at most ``num_experts``)."""
     moe_ffn_hidden_size: int | None = None
+    """Inner width of each expert's MLP (None: ``ffn_hidden_size``)."""
     name: str = "inline"
+    """The model's name (a catalogue entry's name; inline architectures are called inline unless named)."""
     head_dim: int | None = None
+    """Per-head dimension (None: ``hidden_size / num_attention_heads``, which must then divide evenly)."""
     qkv_bias: bool = False
+    """The query, key and value projections have biases."""
     linear_bias: bool = False
+    """Every linear layer has a bias (attention and MLP)."""
     position_embedding: str = "rope"
+    """Positions: rope (rotary, no parameters) or learned (a table of ``max_position_embeddings`` rows)."""
     max_position_embeddings: int = 4096
+    """Rows of the learned position table (counted only with ``position_embedding: learned``)."""
     hidden_dropout: float = 0.0
     """Dropout on each block's attention and MLP outputs (and the embedding); a kept mask per element."""
     attention_dropout: float = 0.0

@@ -12,6 +12,8 @@ import yaml
 from frenzy_opt.models.arch import ModelArch
 
 _ARCH_FIELDS = frozenset(f.name for f in fields(ModelArch))
+REQUIRED_ARCH_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "vocab_size")
+"""The fields an inline architecture must give (``num_kv_heads`` defaults to ``num_attention_heads``)."""
 
 
 @functools.cache
@@ -59,8 +61,7 @@ def parse_model(value: str | dict[str, Any]) -> ModelArch:
     unknown = sorted(set(value) - _ARCH_FIELDS)
     if unknown:
         raise ValueError(f"model: unknown field(s) {', '.join(unknown)}; allowed: {', '.join(sorted(_ARCH_FIELDS))}")
-    required = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "vocab_size")
-    missing = [name for name in required if name not in value]
+    missing = [name for name in REQUIRED_ARCH_FIELDS if name not in value]
     if missing:
         raise ValueError(f"model: missing required field(s) {', '.join(missing)}")
     kwargs = dict(value)

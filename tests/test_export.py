@@ -110,3 +110,66 @@ def test_the_generated_sbatch_really_runs_on_a_slurm_cluster(tmp_path: Path) -> 
     steps = [r for r in records if r["event"] == "step"]
     assert len(steps) == 6 and steps[-1]["loss"] < steps[0]["loss"]
     assert records[0]["world"] == 2
+
+
+def _plan_export(capsys: pytest.CaptureFixture[str], *args: str) -> dict[str, Any]:
+    """``frenzy plan job-llama3-8b --cluster paper-3type --export ... --json``: the payload's export."""
+    capsys.readouterr()
+    assert main(["plan", "job-llama3-8b", "--cluster", "paper-3type", "--top", "1", "--json", *args]) == 0
+    export: dict[str, Any] = json.loads(capsys.readouterr().out)["export"]
+    return export
+
+
+def test_plan_export_is_the_schedulers_choice_written_as_frenzy_export_writes_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from frenzy_opt.core.spec import load_job
+    from frenzy_opt.hardware.topology import Topology
+    from frenzy_opt.launch.executors.local import plan_supported
+    from frenzy_opt.planning.export import gres_type
+    from frenzy_opt.planning.problem import OptionCache
+    from frenzy_opt.planning.scenario import load_cluster_ref, resolve
+
+    export = _plan_export(capsys, "--export", "slurm")
+    placement, script = export["placement"], export["text"]
+    plan, nodes, per_node = placement["plan"], placement["placement"]["nodes"], placement["placement"]["gpus_per_node"]
+    cluster = load_cluster_ref("paper-3type")
+    assert plan["gpu_type"] in {g.name for g in cluster.gpu_types()} and len(nodes) * per_node == plan["num_gpus"]
+    # One job on an empty cluster, nobody queued behind it: the HAS takes its fastest option (module docstring
+    # of frenzy_opt.solvers.greedy) among those the worker runs.
+    cache = OptionCache(cluster, Topology(cluster), plan_filter=lambda p, s: plan_supported(p, s.model))
+    options = cache.options(load_job(resolve("job-llama3-8b")))
+    assert plan["est_runtime_s"] == min(o.plan.est_runtime_s or 0.0 for o in options)
+    assert f"#SBATCH --gres=gpu:{gres_type(plan['gpu_type'])}:{per_node}\n" in script
+    assert f"#SBATCH --nodes={len(nodes)}\n" in script
+    # The same text as `frenzy export` of that placement, and as the plain command prints or --out writes.
+    path = _write(tmp_path, placement)
+    capsys.readouterr()
+    assert main(["export", str(path), "--to", "slurm"]) == 0
+    assert capsys.readouterr().out == script
+    assert main(["plan", "job-llama3-8b", "--cluster", "paper-3type", "--export", "slurm"]) == 0
+    assert capsys.readouterr().out == script
+    out = tmp_path / "job.sbatch"
+    assert main(["plan", "job-llama3-8b", "--cluster", "paper-3type", "--export", "slurm", "--out", str(out)]) == 0
+    assert out.read_text(encoding="utf-8") == script and f"wrote {out}" in capsys.readouterr().out
+    assert subprocess.run(["bash", "-n", str(out)]).returncode == 0
+
+    k8s = _plan_export(capsys, "--export", "k8s")
+    assert k8s["placement"] == placement
+    _, jobset = list(yaml.safe_load_all(k8s["text"]))
+    job = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]
+    assert job["parallelism"] == job["completions"] == len(nodes)
+    assert job["template"]["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == per_node
+    assert main(["export", str(path), "--to", "k8s"]) == 0
+    assert capsys.readouterr().out == k8s["text"]
+
+
+def test_plan_export_refusals_name_the_field(capsys: pytest.CaptureFixture[str]) -> None:
+    capsys.readouterr()
+    assert main(["plan", "job-inline-moe", "--cluster", "paper-3type", "--export", "slurm"]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and "model.num_experts" in out.err and out.err.count("\n") == 1
+    assert main(["plan", "job-tiny", "--cluster", "paper-3type", "--export", "k8s", "--headroom", "0.2"]) == 2
+    assert "training.memory_headroom" in capsys.readouterr().err
+    assert main(["plan", "job-tiny", "--cluster", "paper-3type", "--out", "x.sbatch"]) == 2
+    assert "--export" in capsys.readouterr().err

@@ -33,12 +33,24 @@ class TrainingConfig:
     """What to train: sequence length and batch in tokens/sequences, steps, number formats, runtime."""
 
     seq_len: int = 2048
+    """Tokens per sequence."""
     micro_batch_size: int = 1
+    """Sequences per forward and backward pass on each data-parallel rank; the global batch must be a
+    multiple of it. The planner also tries the other sizes of :data:`frenzy_opt.planning.plans.MICRO_BATCH_CHOICES`
+    that divide the global batch, and each plan states the one it uses."""
     global_batch_size: int = 512
+    """Sequences per optimizer step, over all data-parallel ranks and micro-batches."""
     train_steps: int = 1000
+    """Optimizer steps the job trains for: a plan's estimated runtime is its step time times this."""
     precision: Precision = Precision.BF16
+    """Number format of the weights' compute and activations (mixed precision with fp32 master weights,
+    except fp32). A GPU without tensor cores for it runs the next format it has (bf16 -> fp16, fp8 -> bf16
+    -> fp16), and the plan says which."""
     optimizer: str = "adamw"
+    """Optimizer, which sets the optimizer states MARP counts per parameter."""
     runtime: Runtime = Runtime.MEGATRON
+    """Training framework the job runs on (Megatron-LM, PyTorch FSDP2, DeepSpeed, Hugging Face Trainer):
+    it sets the memory layout MARP predicts, the ZeRO stages available and the step-time overlaps."""
     memory_headroom: float | None = None
     """Fraction of each GPU's memory the planner keeps free beyond MARP's upper bound (None: the shipped
     fit's default from cross-validation, :mod:`frenzy_opt.prediction.marp.fit`)."""
@@ -74,15 +86,30 @@ class ParallelConfig:
     """How one job is split over GPUs. ``num_gpus = dp * tp * pp * cp`` (experts reuse dp ranks for ep)."""
 
     dp: int = 1
+    """Data-parallel degree: replicas of the model, each on its share of the global batch."""
     tp: int = 1
+    """Tensor-parallel degree: each layer's matrices split over this many GPUs of one node."""
     pp: int = 1
+    """Pipeline-parallel degree: the layers split into this many stages."""
     vpp: int = 1
+    """Virtual pipeline stages per pipeline rank (interleaved 1F1B; needs pp > 1)."""
     sequence_parallel: bool = False
+    """Megatron sequence parallelism: norms and dropout split along the sequence over the tp ranks. The
+    planner turns it on whenever tp > 1 unless the field is given."""
     cp: int = 1
+    """Context-parallel degree: each sequence split over this many GPUs (ring attention)."""
     ep: int = 1
+    """Expert-parallel degree: a mixture-of-experts model's experts split over this many data-parallel
+    ranks (it divides dp and the number of experts)."""
     zero_stage: int = 0
+    """ZeRO sharding over the data-parallel ranks: 1 optimizer states, 2 also gradients, 3 also parameters
+    (0: none). The stages a runtime offers are listed under allowed values."""
     recompute: Recompute = Recompute.NONE
+    """Activation recomputation in the backward pass: none, selective (the attention core, Korthikanti et
+    al. 2022) or full (each layer's input kept, the layer run again)."""
     attention: str = "flash"
+    """Attention kernel: flash (FlashAttention, no score matrix kept) or eager. GPUs before Ampere run
+    eager whatever this says."""
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "vpp", "cp", "ep"):
@@ -143,11 +170,17 @@ class JobSpec:
     user fixed; the planner searches the others."""
 
     name: str
+    """The job's name (in tables, exports and the service's records)."""
     model: ModelArch
+    """The model to train: a catalogue name (``frenzy catalog models``) or an inline architecture."""
     training: TrainingConfig
+    """What to train and how: sequence, batch, steps, number format, optimizer, runtime."""
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    """Parallel fields the user fixes; the planner searches those left out."""
     pinned: frozenset[str] = frozenset()
+    """The parallel fields the spec gave (not a file field: derived from the ``parallel`` section)."""
     scheduling: SchedulingConfig = field(default_factory=SchedulingConfig)
+    """How the scheduler treats the job: priority class, GPU cap, deadline."""
 
     def to_mapping(self) -> dict[str, Any]:
         """The contract-1 mapping of this spec (:func:`parse_job` reads it back to an equal spec)."""

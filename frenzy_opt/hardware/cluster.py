@@ -22,19 +22,28 @@ INTRA_NODE_KINDS = ("nvlink", "pcie")
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NodeGroup:
+    """Nodes of one GPU type and one shape (a ``node_groups`` entry of a cluster file)."""
+
     gpu: GpuType
+    """The GPU type of every GPU in the group (a catalogue name or alias in the file)."""
     num_nodes: int
+    """Nodes in the group."""
     gpus_per_node: int
+    """GPUs in each node (a tensor-parallel group never spans nodes)."""
     intra_node: str
+    """How GPUs inside a node talk: nvlink or pcie (the file's default: the GPU type's ``intra_node``)."""
     nics_per_node: int = 1
+    """Network cards per node for traffic between nodes."""
     nic_gbit_s: float = 100.0
     """Gbit/s per NIC, per direction."""
     nvlink_domain: int = 0
-    """GPUs of one NVLink fabric (0: one node's GPUs)."""
+    """GPUs of one NVLink fabric (0: one node's GPUs); in the file a multiple of ``gpus_per_node``, above it
+    only with ``intra_node: nvlink`` (72 for a GB200 NVL72 rack)."""
 
     @property
     def inter_node_gbit_s(self) -> float:
-        """All NICs of one node together, Gbit/s per direction."""
+        """All NICs of one node together, Gbit/s per direction (the file's older ``inter_node_gbps`` gives it
+        as one NIC of that speed, instead of ``nics_per_node`` and ``nic_gbps``)."""
         return self.nics_per_node * self.nic_gbit_s
 
     @property
@@ -48,9 +57,15 @@ class NodeGroup:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ClusterSpec:
+    """A cluster file (contract 2)."""
+
     name: str
+    """The cluster's name (in tables and messages)."""
     node_groups: tuple[NodeGroup, ...]
+    """The node groups, each of one GPU type; several groups may share a type."""
     inter_node_gbit_s: float
+    """The inter-node network (the file's ``network`` section): NICs per node times Gbit/s per NIC, the
+    default of every node group."""
 
     @property
     def num_gpus(self) -> int:
@@ -84,6 +99,17 @@ def _positive_number(name: str, value: object) -> float:
 
 
 NETWORK_FIELDS = ("inter_node_gbps", "nics_per_node", "nic_gbps")
+"""The keys of a cluster file's ``network`` section, which a node group may also give for itself."""
+NODE_GROUP_FIELDS = ("gpu", "num_nodes", "gpus_per_node", "intra_node", "nvlink_domain", *NETWORK_FIELDS)
+"""The keys of a ``node_groups`` entry."""
+FIELD_OF_KEY = {"nic_gbps": "nic_gbit_s", "inter_node_gbps": "inter_node_gbit_s"}
+"""The :class:`NodeGroup` attribute a file key sets, where the names differ (the file says ``gbps`` for
+Gbit/s; the attributes say their unit)."""
+DEFAULT_NETWORK = (1, 100.0)
+"""NICs per node and Gbit/s per NIC of a cluster file whose ``network`` section states neither."""
+DEFAULT_NUM_NODES = 1
+DEFAULT_GPUS_PER_NODE = 8
+DEFAULT_NAME = "cluster"
 
 
 def _network(raw: dict[str, Any], where: str, default: tuple[int, float]) -> tuple[int, float]:
@@ -106,7 +132,7 @@ def parse_cluster(data: dict[str, Any]) -> ClusterSpec:
     unknown = sorted(set(network) - set(NETWORK_FIELDS))
     if unknown:
         raise ValueError(f"network: unknown field(s) {', '.join(unknown)}; allowed: {', '.join(NETWORK_FIELDS)}")
-    default_network = _network(network, "network", (1, 100.0))
+    default_network = _network(network, "network", DEFAULT_NETWORK)
     groups_raw = data.get("node_groups")
     if not isinstance(groups_raw, list) or not groups_raw:
         raise ValueError("node_groups must be a non-empty list of {gpu, num_nodes, gpus_per_node, intra_node}")
@@ -115,7 +141,7 @@ def parse_cluster(data: dict[str, Any]) -> ClusterSpec:
         where = f"node_groups[{i}]"
         if not isinstance(raw, dict) or "gpu" not in raw:
             raise ValueError(f"{where} must be a mapping with at least a gpu field")
-        allowed = {"gpu", "num_nodes", "gpus_per_node", "intra_node", "nvlink_domain", *NETWORK_FIELDS}
+        allowed = set(NODE_GROUP_FIELDS)
         unknown = sorted(set(raw) - allowed)
         if unknown:
             raise ValueError(f"{where}: unknown field(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
@@ -127,7 +153,7 @@ def parse_cluster(data: dict[str, Any]) -> ClusterSpec:
         if intra not in INTRA_NODE_KINDS:
             raise ValueError(f"{where}.intra_node must be one of {', '.join(INTRA_NODE_KINDS)}, got {intra!r}")
         nics, nic_gbit_s = _network(raw, where, default_network) if set(raw) & set(NETWORK_FIELDS) else default_network
-        per_node = _positive(f"{where}.gpus_per_node", raw.get("gpus_per_node", 8))
+        per_node = _positive(f"{where}.gpus_per_node", raw.get("gpus_per_node", DEFAULT_GPUS_PER_NODE))
         domain = _positive(f"{where}.nvlink_domain", raw.get("nvlink_domain", per_node))
         if domain % per_node:
             raise ValueError(f"{where}.nvlink_domain ({domain}) must be a multiple of gpus_per_node ({per_node})")
@@ -136,7 +162,7 @@ def parse_cluster(data: dict[str, Any]) -> ClusterSpec:
         groups.append(
             NodeGroup(
                 gpu=gpu,
-                num_nodes=_positive(f"{where}.num_nodes", raw.get("num_nodes", 1)),
+                num_nodes=_positive(f"{where}.num_nodes", raw.get("num_nodes", DEFAULT_NUM_NODES)),
                 gpus_per_node=per_node,
                 intra_node=intra,
                 nics_per_node=nics,
@@ -146,7 +172,7 @@ def parse_cluster(data: dict[str, Any]) -> ClusterSpec:
         )
     nics, nic_gbit_s = default_network
     return ClusterSpec(
-        name=str(data.get("name") or "cluster"), node_groups=tuple(groups), inter_node_gbit_s=nics * nic_gbit_s
+        name=str(data.get("name") or DEFAULT_NAME), node_groups=tuple(groups), inter_node_gbit_s=nics * nic_gbit_s
     )
 
 

@@ -19,24 +19,46 @@ class GpuType:
     """One GPU model. TFLOPs are dense tensor-core peaks (fp32: plain CUDA-core peak); bandwidths in GB/s."""
 
     name: str
-    aliases: tuple[str, ...]
+    """Canonical name (what plans and cluster files print)."""
+    aliases: tuple[str, ...] = ()
+    """Other names that resolve to this type: lower case, unique over the catalogue."""
     architecture: str
+    """GPU architecture in lower case (e.g. ampere, hopper; cpu for the CPU slot type): it selects the
+    step-time model's efficiencies and whether FlashAttention runs."""
     memory_bytes: int
+    """Device memory in bytes (what nvidia-smi reports as total where the catalogue says so)."""
     memory_type: str
+    """Device memory technology (HBM2, HBM3, GDDR6, ...)."""
     hbm_gbyte_s: float
+    """Device-memory bandwidth, decimal GB/s (GDDR parts too, despite the key's name)."""
     bf16_tflops: float | None
+    """Dense bf16 tensor-core peak (None: no bf16 tensor cores)."""
     fp16_tflops: float
+    """Dense fp16 tensor-core peak."""
     fp32_tflops: float
+    """Plain fp32 peak on the CUDA cores (not tensor cores)."""
     tf32_tflops: float | None
+    """Dense tf32 tensor-core peak (None: no tf32 tensor cores)."""
     fp8_tflops: float | None
+    """Dense fp8 tensor-core peak (None: no fp8 tensor cores)."""
     form_factor: str
+    """sxm (an NVLink-attached module), pcie (a board) or cpu."""
     intra_node: str
+    """The link a node of this type uses between its GPUs unless the cluster file says otherwise (nvlink or
+    pcie)."""
     nvlink_gbyte_s: float | None
+    """Per-GPU NVLink bandwidth, bidirectional aggregate as the sheet states it (None: no NVLink)."""
     pcie_gbyte_s: float
+    """Host interface bandwidth, bidirectional aggregate."""
     intra_node_gbyte_s: float
+    """What the planner assumes between two GPUs of one node: the NVLink figure for SXM parts, the PCIe one
+    for PCIe boards (bridges are optional, so not assumed)."""
     tdp_w: float
+    """Board or module maximum power in watts."""
     source: str
-    notes: str
+    """The public document the figures come from."""
+    notes: str = ""
+    """How figures were derived from the source, and caveats."""
 
     def supports(self, precision: str) -> bool:
         """Whether the GPU has tensor cores for ``precision`` (fp32 and fp16 run everywhere)."""

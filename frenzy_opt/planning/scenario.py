@@ -33,11 +33,18 @@ class Request:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ScenarioJob:
+    """A job of a scenario's ``jobs`` list: a job spec with the keys below beside its own."""
+
     id: str
-    arrival_s: float
-    weight: float
+    """The job's identifier in the scenario (default: ``job-<index>``)."""
+    arrival_s: float = 0.0
+    """When the job is submitted, seconds from the scenario's start."""
+    weight: float = 1.0
+    """The job's weight in the objective (the sum of weight x completion time)."""
     spec: JobSpec
     request: Request | None = None
+    """What a user would ask for by hand on a plain cluster (``{gpu_type, num_gpus}``), for the ``fifo`` and
+    ``gavel`` baselines (derived when absent)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -59,7 +59,7 @@ def worker_supports(parallel: ParallelConfig, arch: ModelArch, num_micro_batches
     if parallel.sequence_parallel and (parallel.pp > 1 or arch.vocab_size % parallel.tp or arch.tied_embeddings):
         return "sequence_parallel with pp > 1, tied embeddings or a vocabulary tp does not divide"
     if arch.is_moe:
-        return "mixture-of-experts models"
+        return "mixture-of-experts models (model.num_experts > 1)"
     if parallel.pp > 1 and arch.tied_embeddings:
         return "tied embeddings with pp > 1"
     if parallel.zero_stage == 1 and (parallel.tp > 1 or parallel.pp > 1):
