@@ -24,7 +24,7 @@ from frenzy_opt.core.spec import load_job
 from frenzy_opt.hardware.gpus import load_gpus, resolve_gpu
 from frenzy_opt.models.catalog import load_catalog
 from frenzy_opt.planning.export import TARGETS as EXPORT_TARGETS
-from frenzy_opt.planning.export import decided_placement, load_placement, to_k8s, to_slurm
+from frenzy_opt.planning.export import load_placement, to_k8s, to_slurm
 from frenzy_opt.planning.plans import NoFeasiblePlan, PlanSearch, search_or_fail
 from frenzy_opt.planning.problem import (
     OptionCache,
@@ -328,6 +328,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     }
     text = None
     if args.export:
+        from frenzy_opt.service.launcher import decided_placement
+
         placement = decided_placement(job, cluster, step_model=step_model)
         text = to_slurm(placement) if args.export == "slurm" else to_k8s(placement)
         if args.out:
@@ -1109,7 +1111,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_reference(args: argparse.Namespace) -> int:
-    from frenzy_opt.planning.reference import payload, render
+    from frenzy_opt.reference import payload, render
 
     def show(_: Console) -> None:
         sys.stdout.write(render())

@@ -1,6 +1,6 @@
-"""The client of a running service (``frenzy serve``): ``submit``, ``jobs``, ``status``, ``cancel`` and
-``usage``, the everyday commands of Slurm (``sbatch``, ``squeue``, ``scontrol show job``, ``scancel``,
-``sacct``) over the HTTP API.
+"""The client of a running service (``frenzy serve``): ``submit``, ``jobs``, ``status``, ``cancel``, ``logs``
+and ``usage``, the everyday commands of Slurm (``sbatch``, ``squeue``, ``scontrol show job``, ``scancel``,
+``tail -f`` of a job's output file, ``sacct``) over the HTTP API.
 
 The server and token come from ``--server``/``--token``, else ``FRENZY_SERVER``/``FRENZY_TOKEN``, else the
 config file (``$FRENZY_CONFIG``, default ``~/.frenzy/client.yaml``: ``{server: URL, token: TOKEN}``), else
@@ -15,7 +15,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +31,8 @@ DEFAULT_SERVER = "http://127.0.0.1:8000"
 CONFIG_ENV = "FRENZY_CONFIG"
 DEFAULT_CONFIG = Path("~/.frenzy/client.yaml")
 PAGE = 200
+LOG_PAGE = 4 << 20
+"""Bytes per logs request (the service's most)."""
 TIMEOUT_S = 30.0
 
 
@@ -112,6 +114,40 @@ class Client:
     def cancel(self, job_id: str) -> dict[str, Any]:
         result: dict[str, Any] = self._request("POST", f"/v1/jobs/{job_id}/cancel").json()
         return result
+
+    def logs(self, job_id: str, attempt: int | None = None) -> tuple[int, bytes]:
+        """The attempt's whole output so far (the latest attempt by default) and its number."""
+        path, chunks, offset = f"/v1/jobs/{job_id}/logs", [], 0
+        while True:
+            params: dict[str, Any] = {"offset": offset, "limit": LOG_PAGE}
+            if attempt is not None:
+                params["attempt"] = attempt
+            response = self._request("GET", path, params=params)
+            chunks.append(response.content)
+            offset = int(response.headers.get("x-log-offset", offset))
+            if not response.content or offset >= int(response.headers.get("x-log-size", 0)):
+                return int(response.headers.get("x-log-attempt", attempt or 0)), b"".join(chunks)
+
+    def follow(self, job_id: str, attempt: int | None = None) -> Iterator[bytes]:
+        """The attempt's output as it is written, until the attempt ends (a queued job's first attempt is
+        waited for)."""
+        params: dict[str, Any] = {"follow": 1} if attempt is None else {"follow": 1, "attempt": attempt}
+        try:
+            with self.http.stream(
+                "GET",
+                f"/v1/jobs/{job_id}/logs",
+                params=params,
+                headers=self.headers,
+                timeout=httpx.Timeout(TIMEOUT_S, read=None),  # a quiet run sends nothing for a while
+            ) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    raise ClientError(_refusal(response, self.target))
+                yield from response.iter_bytes()
+        except httpx.TransportError as err:
+            raise ClientError(
+                f"lost the frenzy service at {self.target.server} ({err.__class__.__name__}: {err})"
+            ) from None
 
     def usage(self, since_s: float | None = None) -> dict[str, Any]:
         params = {"since": since_s} if since_s is not None else {}
@@ -243,6 +279,27 @@ def cmd_cancel(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_logs(args: argparse.Namespace) -> int:
+    client = _client(args)
+    if args.follow:
+        if args.json:
+            raise ClientError("--json and --follow do not go together: --follow streams the output as it comes")
+        out = sys.stdout.buffer
+        for chunk in client.follow(args.id, args.attempt):
+            out.write(chunk)
+            out.flush()
+        return 0
+    attempt, data = client.logs(args.id, args.attempt)
+    if args.json:
+        print(json.dumps({"id": args.id, "attempt": attempt, "log": data.decode(errors="replace")}, indent=2))
+    elif not attempt:
+        print(f"{args.id}: no attempt has started yet", file=sys.stderr)
+    else:
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+    return 0
+
+
 def cmd_usage(args: argparse.Namespace) -> int:
     since = None if args.since is None else time.time() - parse_duration(args.since)
     _print(args, _client(args).usage(since), usage_table)
@@ -283,6 +340,10 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--all", action="store_true", help="finished jobs too")
     parser("status", "one job: state, plan, predicted vs measured, history", cmd_status).add_argument("id")
     parser("cancel", "cancel a queued or running job", cmd_cancel).add_argument("id")
+    p = parser("logs", "a job's output: every rank's stdout and stderr (simulated: its progress)", cmd_logs)
+    p.add_argument("id")
+    p.add_argument("--follow", "-f", action="store_true", help="keep printing as it is written, until it ends")
+    p.add_argument("--attempt", type=int, help="which attempt (default: the latest)")
     p = parser("usage", "GPU-hours per tenant and GPU type", cmd_usage)
     p.add_argument("--since", help="only this recent history: 90s, 30m, 12h, 7d")
 

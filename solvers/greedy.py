@@ -45,7 +45,7 @@ import heapq
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any
 
@@ -453,11 +453,6 @@ class GreedyState:
         self._ordered = order
         return list(order)
 
-    def queue_order(self, now: float) -> list[ProblemJob]:
-        """The queue in the order the next decision at ``now`` considers it (the basis of a job's queue
-        position)."""
-        return self._order(now)
-
     def _order(self, now: float) -> list[ProblemJob]:
         """The queue in decision order (module docstring): rank, with near-deadline jobs moved to the front of
         their priority class."""
@@ -519,6 +514,38 @@ class GreedyState:
                 else:
                     started.append(self._start(job, choice, choice.nodes, round_, admit))
         return started
+
+    def plan_waits(
+        self, now: float, admit: Admission | None = None, limit: int = 500
+    ) -> tuple[list[ProblemJob], dict[str, tuple[Option | None, float]]]:
+        """The queue in decision order, and what each of its first ``limit`` jobs waits for and when it is
+        expected to start (``(None, inf)``: admission refuses every option), as a patient decision at ``now``
+        would plan them on the GPUs held now; nothing starts. A job that fits now is expected at once, its work
+        counted into the queue ahead of the later ones. For a queued job's estimated start: a decision plans
+        the waits of only some jobs (none when no GPU is free, :meth:`decide`)."""
+        kept, patient = self.waiting, self.patient
+        self.waiting, self.patient = {}, True
+        try:
+            order = self._order(now)
+            planned = order[:limit]
+            round_ = _Round(
+                now=now,
+                free_total=sum(index.count for index in self.free.values()),
+                behind=sum(job.weight for job in planned),
+                gpus=max(sum(self.capacity.values()), 1),
+            )
+            for job in planned:
+                round_.behind -= job.weight
+                choice = self._choose(job, round_, admit)
+                if choice is _NoChoice.REFUSED:
+                    self.waiting[job.id] = (None, float("inf"))
+                elif isinstance(choice, _Choice):
+                    # one that fits now is planned as a wait that ends now: no GPUs taken, no reservation
+                    fits = choice.nodes is not None
+                    self._wait(job, replace(choice, nodes=None, wait_for=-1) if fits else choice, round_)
+            return order, self.waiting
+        finally:
+            self.waiting, self.patient = kept, patient
 
     def _choose(self, job: ProblemJob, round_: _Round, admit: Admission | None) -> _Choice | _NoChoice:
         """The job's cheapest option this decision: shortest options first, stopping once no longer one can

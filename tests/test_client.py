@@ -186,3 +186,32 @@ def test_usage_and_timeline_come_from_the_history(
     assert code == 0 and out.splitlines()[0].split() == ["TENANT", "GPU", "TYPE", "GPU-HOURS", "JOBS"]
     other = service.get("/v1/usage", headers={"Authorization": f"Bearer {TOKEN_ADMIN}"}).json()["rows"]
     assert [r["tenant"] for r in other] == ["team-a"]  # the admin sees everyone's
+
+
+def test_logs_print_the_attempts_output_and_follow_ends_with_the_attempt(
+    service: TestClient, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    auth = ("--token", TOKEN_A)
+    jobs = [
+        json.loads(_run(capsys, "submit", _job_file(tmp_path, LONG, f"l{i}"), *auth, "--json")[1]) for i in range(5)
+    ]
+    running = next(j for j in jobs if j["state"] == "running")
+    queued = next(j for j in jobs if j["state"] == "queued")
+    code, out, _ = _run(capsys, "logs", running["id"], *auth)
+    assert code == 0 and out.startswith(f"simulated attempt 1 of {running['id']}: ")
+    code, out, err = _run(capsys, "logs", queued["id"], *auth)
+    assert code == 0 and out == "" and "no attempt has started yet" in err
+    # The queue table shows where a queued job stands.
+    rows = {r.split()[0]: r for r in _run(capsys, "jobs", *auth)[1].splitlines()[1:]}
+    assert "#1" in "".join(rows[j["id"]] for j in jobs if j["state"] == "queued")
+    # Once the attempt ended, --follow prints all it wrote and returns.
+    assert _run(capsys, "cancel", running["id"], *auth)[0] == 0
+    code, out, _ = _run(capsys, "logs", running["id"], "--follow", *auth)
+    lines = out.splitlines()
+    assert (
+        code == 0 and lines[0].startswith("simulated attempt 1") and lines[-1] == "stopped: the attempt was cancelled"
+    )
+    code, out, _ = _run(capsys, "logs", running["id"], "--json", *auth)
+    assert json.loads(out)["attempt"] == 1 and json.loads(out)["log"].splitlines() == lines
+    code, _, err = _run(capsys, "logs", running["id"], "--json", "--follow", *auth)
+    assert code == 1 and "do not go together" in err

@@ -19,7 +19,7 @@ from frenzy_opt.hardware.cluster import parse_cluster
 from frenzy_opt.hardware.gpus import KEY_OF_FIELD, GpuType
 from frenzy_opt.models.catalog import parse_model
 from frenzy_opt.planning import scenario
-from frenzy_opt.planning.reference import render, rows_of
+from frenzy_opt.reference import render, rows_of
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "reference.md"

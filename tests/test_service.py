@@ -350,3 +350,37 @@ def test_the_dashboard_and_the_docs_are_served_without_another_host(fast: TestCl
 
 def test_the_api_state_filter_names_every_job_state() -> None:
     assert set(typing.get_args(STATES)) == set(JobState)
+
+
+def test_queued_jobs_show_their_queue_position_and_estimated_start(slow: TestClient) -> None:
+    jobs = [slow.post("/v1/jobs", json=LONG, headers=auth(A)).json() for _ in range(5)]
+    listed = slow.get("/v1/jobs", params={"state": "queued"}, headers=auth(A)).json()["items"]
+    assert listed and {j["id"] for j in listed} <= {j["id"] for j in jobs}
+    assert sorted(j["queue_position"] for j in listed) == list(range(1, len(listed) + 1))
+    first = next(j for j in listed if j["queue_position"] == 1)
+    assert first["estimated_start_in_s"] is not None and first["estimated_start_in_s"] > 0
+    assert first["waiting_for"].endswith(first["waiting_for"].split(" x ")[1]) and " x " in first["waiting_for"]
+    running = slow.get("/v1/jobs", params={"state": "running"}, headers=auth(A)).json()["items"]
+    assert running and all(j["queue_position"] is None and j["estimated_start_in_s"] is None for j in running)
+
+
+def test_logs_of_a_simulated_attempt_show_its_progress_and_follow_ends_with_it(tmp_path: Path) -> None:
+    # 20 cluster hours per wall second: the 100,000-step job of LONG runs for a few wall seconds.
+    with _client(tmp_path, 72_000.0) as client:
+        job = client.post("/v1/jobs", json=LONG, headers=auth(A)).json()
+        assert job["state"] == "running"
+        first = client.get(f"/v1/jobs/{job['id']}/logs", headers=auth(A))
+        assert first.status_code == 200 and first.headers["x-log-attempt"] == "1"
+        assert first.text.startswith("simulated attempt 1 of " + job["id"])
+        assert client.get(f"/v1/jobs/{job['id']}/logs", headers=auth(B)).status_code == 404  # not B's job
+        with client.stream("GET", f"/v1/jobs/{job['id']}/logs", params={"follow": 1}, headers=auth(A)) as stream:
+            followed = b"".join(stream.iter_bytes()).decode()
+        # The stream ended on its own once the attempt ended, with every line of it.
+        lines = followed.splitlines()
+        assert lines[0] == first.text.splitlines()[0] and lines[-1] == "completed 100000 steps"
+        assert [line.split(" ")[1] for line in lines[1:-1]] == [f"{k * 10_000}/100000" for k in range(1, 11)]
+        assert wait_for(client, job["id"], A, {"succeeded"})["state"] == "succeeded"
+        whole = client.get(f"/v1/jobs/{job['id']}/logs", params={"offset": 0}, headers=auth(A))
+        assert whole.text == followed and whole.headers["x-log-offset"] == whole.headers["x-log-size"]
+        tail = client.get(f"/v1/jobs/{job['id']}/logs", params={"limit": 10}, headers=auth(A))
+        assert tail.content == followed.encode()[-10:]

@@ -7,11 +7,13 @@ import contextlib
 import hashlib
 import json
 import time
+from collections.abc import AsyncIterator
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Annotated
 
 from fastapi import APIRouter, Header, HTTPException, Query
 from fastapi import Path as PathParam
+from fastapi.responses import Response, StreamingResponse
 from sqlalchemy.exc import IntegrityError
 
 from frenzy_opt.api.auth import Principal
@@ -19,6 +21,7 @@ from frenzy_opt.api.schemas import STATES, EventOut, JobIn, JobListOut, JobOut
 from frenzy_opt.api.service import Decided, Service, Svc, Who, parse_spec, unavailable, visible
 from frenzy_opt.core.enums import TERMINAL_STATES
 from frenzy_opt.core.spec import JobSpec
+from frenzy_opt.launch.executors import LogChunk
 from frenzy_opt.service.orchestrator import new_job_id
 from frenzy_opt.service.store import JobRecord
 
@@ -28,6 +31,16 @@ Limit = Annotated[int, Query(ge=1, le=500)]
 Offset = Annotated[int, Query(ge=0, le=1_000_000_000)]
 CANCEL_WAIT_S = 10.0
 """How long a cancel request waits for the scheduler to carry it out."""
+MAX_LOG_BYTES = 4 << 20
+"""The most one logs request (or one streamed piece) returns."""
+FOLLOW_POLL_S = 0.5
+"""How often a followed log is read again while its attempt runs."""
+Attempt = Annotated[int | None, Query(ge=1, le=1_000_000, description="default: the latest attempt")]
+LogOffset = Annotated[
+    int | None, Query(ge=0, le=1 << 50, description="byte to start at; default: the last `limit` bytes")
+]
+LogLimit = Annotated[int, Query(ge=1, le=MAX_LOG_BYTES)]
+TEXT = "text/plain; charset=utf-8"
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
 
@@ -156,3 +169,71 @@ def cancel_job(job_id: JobIdPath, service: Svc, who: Who) -> JobOut:
                 reason = orchestrator.store_fault or f"the scheduler did not answer within {CANCEL_WAIT_S:g} s"
                 raise unavailable(reason) from None
     return service.job_out(visible(service.store.get(job_id), who))
+
+
+@router.get(
+    "/{job_id}/logs",
+    response_class=Response,
+    responses={200: {"content": {"text/plain": {}}}, 401: {}, 404: {}},
+)
+async def job_logs(
+    job_id: JobIdPath,
+    service: Svc,
+    who: Who,
+    attempt: Attempt = None,
+    offset: LogOffset = None,
+    limit: LogLimit = 64 << 10,
+    follow: bool = False,
+) -> Response:
+    """An attempt's output: every rank's stdout and stderr (local and Ray executors) or its progress lines
+    (simulated). Headers `X-Log-Attempt`, `X-Log-Offset` (where the next read starts) and `X-Log-Size`.
+    With `follow=1` the output is streamed as it is written until the attempt ends (a queued job's first
+    attempt is waited for)."""
+    loop = asyncio.get_running_loop()
+    record = visible(await loop.run_in_executor(service.store_calls, service.store.get, job_id), who)
+    if follow:
+        headers = {} if attempt is None else {"X-Log-Attempt": str(attempt)}
+        return StreamingResponse(_follow(service, job_id, attempt, offset or 0), media_type=TEXT, headers=headers)
+    number = attempt or record.attempts
+    chunk = None
+    if number:
+        chunk = await loop.run_in_executor(None, service.config.executor.read_log, job_id, number, offset, limit)
+    return Response(
+        b"" if chunk is None else chunk.data,
+        media_type=TEXT,
+        headers={
+            "X-Log-Attempt": str(number),
+            "X-Log-Offset": str((offset or 0) if chunk is None else chunk.next_offset),
+            "X-Log-Size": str(0 if chunk is None else chunk.size),
+        },
+    )
+
+
+async def _follow(service: Service, job_id: str, attempt: int | None, offset: int) -> AsyncIterator[bytes]:
+    """The attempt's output as it grows (:func:`job_logs`); ends once the attempt ended and all it wrote
+    was sent, or the scheduler stopped."""
+    loop = asyncio.get_running_loop()
+    orchestrator, executor = service.orchestrator, service.config.executor
+
+    def read() -> LogChunk | None:
+        assert attempt is not None
+        return executor.read_log(job_id, attempt, offset, MAX_LOG_BYTES)
+
+    while attempt is None:  # the job's first attempt
+        record = await loop.run_in_executor(service.store_calls, service.store.get, job_id)
+        if record is None or (record.attempts == 0 and record.state in TERMINAL_STATES):
+            return
+        if record.attempts:
+            attempt = record.attempts
+            break
+        await asyncio.sleep(FOLLOW_POLL_S)
+    while True:
+        live = orchestrator.current_attempt(job_id) == attempt  # before the read: nothing written is missed
+        chunk = await loop.run_in_executor(None, read)
+        if chunk is not None and chunk.data:
+            offset = chunk.next_offset
+            yield chunk.data
+            continue
+        if not live or not orchestrator.alive():
+            return
+        await asyncio.sleep(FOLLOW_POLL_S)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
-    from frenzy_opt.launch.executors import Launch, OnExit, OnReport
+    from frenzy_opt.launch.executors import Launch, LogChunk, OnExit, OnReport
     from frenzy_opt.models.arch import ModelArch
     from frenzy_opt.planning.plans import Plan
     from frenzy_opt.planning.problem import Option, Schedule, SchedulingProblem
@@ -68,6 +68,10 @@ class Executor(Protocol):
 
     def adopt(self, job_id: str, attempt: int, on_exit: OnExit) -> None:
         """Take over a run that :meth:`running` listed after a restart; its end comes through ``on_exit``."""
+
+    def read_log(self, job_id: str, attempt: int, offset: int | None, limit: int) -> LogChunk | None:
+        """At most ``limit`` bytes of the attempt's output from ``offset`` (None: its last ``limit`` bytes),
+        while it runs and after; None if the attempt left none."""
 
 
 class Admission(Protocol):

@@ -18,8 +18,8 @@ A *placement file* (JSON or YAML) names the job spec, the plan and the placement
 
 Both run the same worker (``python -m frenzy_opt.launch.train``) the local executor runs.
 
-:func:`decided_placement` builds the placement without a run: the plan and nodes the service's greedy HAS
-decision gives one job on an empty cluster (``frenzy plan JOB --cluster C --export slurm|k8s``).
+``frenzy plan JOB --cluster C --export slurm|k8s`` exports the placement the service's decision gives the
+job alone (:func:`frenzy_opt.service.launcher.decided_placement`).
 """
 
 from __future__ import annotations
@@ -32,14 +32,7 @@ from typing import Any
 
 import yaml
 
-from frenzy_opt.core.spec import JobSpec, load_mapping, parse_job, plan_layout
-from frenzy_opt.hardware.cluster import ClusterSpec
-from frenzy_opt.hardware.topology import Topology
-from frenzy_opt.launch.executors.local import plan_supported, worker_supports
-from frenzy_opt.planning.plans import DEFAULT_STEP_MODEL
-from frenzy_opt.planning.problem import OptionCache, SchedulingProblem, no_option_message, problem_job
-from frenzy_opt.prediction.steptime import StepTimeModel
-from frenzy_opt.solvers.greedy import GreedyState
+from frenzy_opt.core.spec import load_mapping, parse_job, plan_layout
 
 TARGETS = ("slurm", "k8s")
 
@@ -69,44 +62,6 @@ def load_placement(path: str | Path) -> dict[str, Any]:
     if len(nodes) * per_node != plan["num_gpus"]:
         raise ValueError(f"placement file: {len(nodes)} nodes x {per_node} GPUs != plan.num_gpus {plan['num_gpus']}")
     return {"job": job, "plan": plan, "placement": placement}
-
-
-def decided_placement(
-    spec: JobSpec, cluster: ClusterSpec, *, step_model: StepTimeModel = DEFAULT_STEP_MODEL
-) -> dict[str, Any]:
-    """The placement mapping (module docstring) of the service's decision for ``spec`` alone on an empty
-    ``cluster``: the options the orchestrator builds (:class:`OptionCache`, keeping the plans the training
-    worker runs, as it does with the local and Ray executors), one :meth:`GreedyState.decide` at time 0, and
-    the nodes of that assignment by name. ``ValueError`` says why no plan is left."""
-    topology = Topology(cluster)
-    cache = OptionCache(
-        cluster, topology, plan_filter=lambda plan, s: plan_supported(plan, s.model), step_model=step_model
-    )
-    options = cache.options(spec)
-    if not options:
-        unfiltered = OptionCache(cluster, topology, step_model=step_model).options(spec)
-        if not unfiltered:
-            raise ValueError(no_option_message(spec.name, spec, cluster.name))
-        plan = unfiltered[0].plan
-        why = worker_supports(plan.parallel, spec.model, plan.num_micro_batches)
-        raise ValueError(
-            f"job {spec.name}: nothing to export, the training worker (frenzy_opt.launch.train) runs none of "
-            f"its plans on {cluster.name}; it does not run {why}"
-        )
-    state = GreedyState(SchedulingProblem(topology=topology, jobs=()))
-    state.queue[spec.name] = problem_job(spec.name, 0.0, 1.0, options, spec)
-    started = state.decide(0.0)
-    if not started:  # an empty cluster holds every option the placement rule admits
-        raise ValueError(f"job {spec.name}: the scheduler started no plan on an empty {cluster.name}")
-    chosen = started[0]
-    return {
-        "job": spec.to_mapping(),
-        "plan": chosen.option.plan.to_dict(),
-        "placement": {
-            "nodes": [topology.nodes[i].name for i in chosen.nodes],
-            "gpus_per_node": chosen.option.gpus_per_node,
-        },
-    }
 
 
 def _name(placement: dict[str, Any]) -> str:

@@ -8,6 +8,8 @@ the executor can run, ``executor.supports``). With the local executor, a cluster
 machine can run (a GPU type it lacks, :func:`frenzy_opt.launch.executors.local.device_problem`) is refused
 before anything starts: it never runs on the CPU in the GPU's name. The run is one attempt (no retry):
 ``state`` is ``succeeded`` or ``failed`` with the cause.
+
+:func:`decided_placement` is the same decision without a run (``frenzy plan JOB --export slurm|k8s``).
 """
 
 from __future__ import annotations
@@ -21,10 +23,15 @@ from typing import Any
 from frenzy_opt.core.enums import TERMINAL_STATES
 from frenzy_opt.core.spec import JobSpec
 from frenzy_opt.hardware.cluster import ClusterSpec
+from frenzy_opt.hardware.topology import Topology
 from frenzy_opt.launch.executors import make_executor
-from frenzy_opt.launch.executors.local import LocalExecutor, device_problem
+from frenzy_opt.launch.executors.local import LocalExecutor, device_problem, plan_supported, worker_supports
+from frenzy_opt.planning.plans import DEFAULT_STEP_MODEL
+from frenzy_opt.planning.problem import OptionCache, SchedulingProblem, no_option_message, problem_job
+from frenzy_opt.prediction.steptime import StepTimeModel
 from frenzy_opt.service.orchestrator import Orchestrator
 from frenzy_opt.service.store import JobRecord, Store
+from frenzy_opt.solvers.greedy import GreedyState
 
 POLL_S = 0.2
 
@@ -123,4 +130,42 @@ def _payload(spec: JobSpec, record: JobRecord, run_dir: Path) -> dict[str, Any]:
             "step_time_s": predicted.get("step_time_s"),
         },
         "workdir": str(run_dir),
+    }
+
+
+def decided_placement(
+    spec: JobSpec, cluster: ClusterSpec, *, step_model: StepTimeModel = DEFAULT_STEP_MODEL
+) -> dict[str, Any]:
+    """The placement mapping (module docstring) of the service's decision for ``spec`` alone on an empty
+    ``cluster``: the options the orchestrator builds (:class:`OptionCache`, keeping the plans the training
+    worker runs, as it does with the local and Ray executors), one :meth:`GreedyState.decide` at time 0, and
+    the nodes of that assignment by name. ``ValueError`` says why no plan is left."""
+    topology = Topology(cluster)
+    cache = OptionCache(
+        cluster, topology, plan_filter=lambda plan, s: plan_supported(plan, s.model), step_model=step_model
+    )
+    options = cache.options(spec)
+    if not options:
+        unfiltered = OptionCache(cluster, topology, step_model=step_model).options(spec)
+        if not unfiltered:
+            raise ValueError(no_option_message(spec.name, spec, cluster.name))
+        plan = unfiltered[0].plan
+        why = worker_supports(plan.parallel, spec.model, plan.num_micro_batches)
+        raise ValueError(
+            f"job {spec.name}: nothing to export, the training worker (frenzy_opt.launch.train) runs none of "
+            f"its plans on {cluster.name}; it does not run {why}"
+        )
+    state = GreedyState(SchedulingProblem(topology=topology, jobs=()))
+    state.queue[spec.name] = problem_job(spec.name, 0.0, 1.0, options, spec)
+    started = state.decide(0.0)
+    if not started:  # an empty cluster holds every option the placement rule admits
+        raise ValueError(f"job {spec.name}: the scheduler started no plan on an empty {cluster.name}")
+    chosen = started[0]
+    return {
+        "job": spec.to_mapping(),
+        "plan": chosen.option.plan.to_dict(),
+        "placement": {
+            "nodes": [topology.nodes[i].name for i in chosen.nodes],
+            "gpus_per_node": chosen.option.gpus_per_node,
+        },
     }

@@ -191,6 +191,17 @@ class Stop:
 Event = Submitted | Exited | CancelRequested | Tick | Stop
 
 
+ESTIMATED_JOBS = 500
+"""How deep into the queue a job's start is estimated (the planning pass costs tens of microseconds per
+job, under the orchestrator's lock)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Estimates:
+    positions: dict[str, int]
+    waits: dict[str, tuple[Option | None, float]]
+
+
 @dataclass(frozen=True, slots=True)
 class QueueInfo:
     """Where a queued job stands (:meth:`Orchestrator.queue_info`)."""
@@ -198,8 +209,8 @@ class QueueInfo:
     position: int | None
     """1 for the job the next decision considers first."""
     estimated_start_in_s: float | None
-    """Wall seconds until the GPUs it waits for are expected free (the greedy's reservation for it, from
-    the predicted ends of what runs and waits ahead); None when no decision has planned its wait."""
+    """Wall seconds until the GPUs it waits for are expected free (the greedy's plan of its wait, from the
+    predicted ends of what runs and waits ahead); None past :data:`ESTIMATED_JOBS` or when unknown."""
     waiting_for: str | None
     """The GPUs it waits for, e.g. ``16 x H100-SXM5-80GB``."""
 
@@ -286,14 +297,11 @@ class Orchestrator:
         self.on_decision = on_decision
         self._decided: dict[str, Waiter] = {}
         self._wake: list[Waiter] = []
-        self._waiting: dict[str, tuple[Option | None, float]] = {}
-        """What the last decision said each queued job waits for (the greedy's ``waiting``) ..."""
-        self._decided_at = 0.0
-        """... and when it was made."""
         self._fresh: set[str] = set()
         """Queued jobs no decision has considered yet."""
-        self._positions: tuple[tuple[int, int], dict[str, int]] = ((-1, -1), {})
-        """Queue positions, and the (decision count, queue length) they were computed at."""
+        self._estimates: tuple[tuple[int, int], _Estimates] = ((-1, -1), _Estimates({}, {}))
+        """Queue positions and planned waits (:meth:`_estimated`), and the (decision count, queue length)
+        they were planned at."""
         self._events: queue.Queue[Event] = queue.Queue()
         self._lock = threading.RLock()
         self._thread: threading.Thread | None = None
@@ -361,6 +369,12 @@ class Orchestrator:
         with self._lock:
             return {j.id: j.run for j in self.jobs.values() if j.run is not None}
 
+    def current_attempt(self, job_id: str) -> int | None:
+        """The attempt the job runs now (None while it holds no GPUs)."""
+        with self._lock:
+            job = self.jobs.get(job_id)
+            return None if job is None or job.run is None else job.run.attempt
+
     def progress(self, job_id: str) -> dict[str, Any] | None:
         """The running attempt's latest worker report, if any."""
         with self._lock:
@@ -368,39 +382,45 @@ class Orchestrator:
             return None if job is None or job.progress is None else dict(job.progress)
 
     def reason(self, job_id: str) -> str | None:
-        """Why a queued job waits, as of the last decision (formatted on demand: a decision over a long
-        queue does not build a sentence per job)."""
+        """Why a queued job waits (formatted on demand: a decision over a long queue does not build a sentence
+        per job), in cluster seconds."""
         with self._lock:
             record = self.jobs.get(job_id)
             reason = None if record is None else record.reason
             job = self.state.queue.get(job_id)
             if job is None or job_id in self._fresh:
                 return reason
-            waiting, at = self._waiting.get(job_id), self._decided_at
-            if waiting is None:
-                return "queued: no GPU free for it at the last decision"
-            option, start = waiting
+            planned = self._estimated().waits.get(job_id)
+            if planned is None:
+                return f"queued: behind the first {ESTIMATED_JOBS} jobs of the queue"
+            option, start = planned
             if option is None:
                 return self.quotas.explain(job_id, job.options)
-            eta = "unknown" if math.isinf(start) else f"{max(start - at, 0):,.0f} s"
+            eta = "unknown" if math.isinf(start) else f"{max(start - self.now(), 0):,.0f} s"
             return f"waiting for {option.num_gpus} x {option.gpu_type} (estimated start in {eta})"
 
     def queue_info(self, job_id: str) -> QueueInfo | None:
         """Where a queued job stands (None if it is not queued): its position in the order the next decision
-        considers the queue, and when the last decision's reservations expect it to start."""
+        considers the queue, and when it is expected to start."""
         with self._lock:
             if job_id not in self.state.queue:
                 return None
-            key = (self.decisions, len(self.state.queue))
-            if self._positions[0] != key:  # one O(queue) pass per decision, and only when asked
-                order = self.state.queue_order(self.now())
-                self._positions = (key, {job.id: i for i, job in enumerate(order, start=1)})
-            position = self._positions[1].get(job_id)
-            option, start = (None, math.inf) if job_id in self._fresh else self._waiting.get(job_id, (None, math.inf))
+            estimates = self._estimated()
+            option, start = estimates.waits.get(job_id, (None, math.inf))
+            position = estimates.positions.get(job_id)
             if option is None or math.isinf(start):
                 return QueueInfo(position, None, None)
             wall_s = max(start - self.now(), 0.0) / self.time_scale
             return QueueInfo(position, wall_s, f"{option.num_gpus} x {option.gpu_type}")
+
+    def _estimated(self) -> _Estimates:
+        """The queue's positions and planned waits (:meth:`GreedyState.plan_waits` of the first
+        :data:`ESTIMATED_JOBS` jobs), planned once per decision and only when asked (under ``_lock``)."""
+        key = (self.decisions, len(self.state.queue))
+        if self._estimates[0] != key:
+            order, waits = self.state.plan_waits(self.now(), self.quotas, ESTIMATED_JOBS)
+            self._estimates = (key, _Estimates({job.id: i for i, job in enumerate(order, start=1)}, waits))
+        return self._estimates[1]
 
     def calibration_snapshot(self) -> dict[str, Any]:
         """A consistent copy of the closed loop's state: the efficiencies planned with, the last refit's
@@ -607,7 +627,7 @@ class Orchestrator:
         self.samples.append(sample)
         try:
             model, report = recalibrate([s for s in self.samples if s.key == sample.key], self.step_model)
-        except ValueError:  # e.g. a measurement faster than any efficiency allows: keep the model
+        except ValueError:  # nothing the fitter can use (no measured run): keep the model
             return
         self.step_model = model
         self.calibration_report.update(report)
@@ -705,7 +725,6 @@ class Orchestrator:
         launches = [self._start(self.jobs[a.job], a, now, pending) for a in assignments]
         # Every queued job was considered: O(waiters) here, not O(queue) (a decision with a long queue spent
         # more time noting this per job than deciding).
-        self._waiting, self._decided_at = self.state.waiting, now
         self._fresh.clear()
         for job_id in [j for j in self._decided if j in self.state.queue]:
             self._mark_decided(job_id)

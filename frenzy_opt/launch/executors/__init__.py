@@ -25,6 +25,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from frenzy_opt.core.protocols import Executor
@@ -55,6 +56,39 @@ class ExitInfo:
     cause: str = ""
     measured: dict[str, Any] = field(default_factory=dict)
     """What the run measured (per-rank peak memory, step time), when it knows."""
+
+
+@dataclass(frozen=True, slots=True)
+class LogChunk:
+    """A piece of an attempt's output (:meth:`Executor.read_log`)."""
+
+    data: bytes
+    offset: int
+    """Where ``data`` starts in the whole output."""
+    size: int
+    """The output's length so far."""
+
+    @property
+    def next_offset(self) -> int:
+        return self.offset + len(self.data)
+
+
+def read_chunk(path: Path, offset: int | None, limit: int) -> LogChunk | None:
+    """At most ``limit`` bytes of a growing file from ``offset`` (None: its last ``limit`` bytes); None if
+    there is no such file."""
+    try:
+        with path.open("rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            start = max(size - limit, 0) if offset is None else min(max(offset, 0), size)
+            f.seek(start)
+            return LogChunk(f.read(limit), start, size)
+    except FileNotFoundError:
+        return None
+
+
+def attempt_log(workdir: Path, job_id: str, attempt: int) -> Path:
+    """Where the local and Ray executors write an attempt's output (all ranks' stdout and stderr)."""
+    return workdir / job_id / f"attempt-{attempt}.log"
 
 
 OnExit = Callable[[str, int, ExitInfo], None]

@@ -40,7 +40,7 @@ from typing import Any
 from frenzy_opt.core.machine import free_port
 from frenzy_opt.core.spec import ParallelConfig
 from frenzy_opt.hardware.gpus import lookup_gpu
-from frenzy_opt.launch.executors import ExitInfo, Launch, OnExit, OnReport
+from frenzy_opt.launch.executors import ExitInfo, Launch, LogChunk, OnExit, OnReport, attempt_log, read_chunk
 from frenzy_opt.models.arch import ModelArch
 from frenzy_opt.planning.plans import Plan
 
@@ -168,6 +168,10 @@ class LocalExecutor:
     def supports(self, plan: Plan, arch: ModelArch) -> bool:
         return plan_supported(plan, arch)
 
+    def read_log(self, job_id: str, attempt: int, offset: int | None, limit: int) -> LogChunk | None:
+        """The attempt's ``attempt-N.log``: every rank's stdout and stderr, as torchrun writes them."""
+        return read_chunk(attempt_log(self.workdir, job_id, attempt), offset, limit)
+
     def launch(self, launch: Launch, on_exit: OnExit, on_report: OnReport | None = None) -> None:
         """Start the attempt's torchrun processes (module docstring); a placement this machine cannot run
         (:func:`device_problem`) fails at once through ``on_exit`` with the reason."""
@@ -182,7 +186,7 @@ class LocalExecutor:
         cuda = lookup_gpu(launch.option.gpu_type).architecture != "cpu"  # device_problem: the devices exist
         nnodes = len(launch.nodes)
         port = free_port()
-        log = open(job_dir / f"attempt-{launch.attempt}.log", "wb")  # noqa: SIM115 - closed by the watcher
+        log = open(attempt_log(self.workdir, launch.job_id, launch.attempt), "wb")  # noqa: SIM115 - the watcher closes it
         with self._lock:
             for node_rank, node in enumerate(launch.nodes):
                 env = {**os.environ, "OMP_NUM_THREADS": "1"}
@@ -325,8 +329,7 @@ class LocalExecutor:
         if all(code == 0 for code in codes):
             attempt.on_exit(attempt.job_id, attempt.attempt, ExitInfo(ok=True, measured=measured))
             return
-        job_dir = report.parent
-        tail = _tail(job_dir / f"attempt-{attempt.attempt}.log")
+        tail = _tail(attempt_log(self.workdir, attempt.job_id, attempt.attempt))
         failing = next(i for i, code in enumerate(codes) if code != 0)
         cause = f"node {failing} (torchrun) exited with code {codes[failing]}: {tail}"
         attempt.on_exit(attempt.job_id, attempt.attempt, ExitInfo(ok=False, cause=cause, measured=measured))

@@ -24,7 +24,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from frenzy_opt.launch.executors import ExitInfo, Launch, OnExit, OnReport
+from frenzy_opt.launch.executors import ExitInfo, Launch, LogChunk, OnExit, OnReport, attempt_log, read_chunk
 from frenzy_opt.launch.executors.local import plan_supported, prepare_run, summarize
 from frenzy_opt.models.arch import ModelArch
 from frenzy_opt.planning.plans import Plan
@@ -45,19 +45,33 @@ def _actor_class() -> Any:
                 port = int(s.getsockname()[1])
             return ray.util.get_node_ip_address(), port
 
-        def run(self, env: dict[str, str], cwd: str, argv: list[str]) -> list[dict[str, Any]]:
+        def run(self, env: dict[str, str], cwd: str, argv: list[str], log: str) -> list[dict[str, Any]]:
+            import collections
             import subprocess
             import sys
 
             # The worker runs as a child of the actor: a fresh interpreter whose imports do not see the
             # driver's source tree (Ray puts the driver's folder on its workers' path) and whose
-            # torch.distributed state ends with it.
+            # torch.distributed state ends with it. Its output goes, line by line and marked with its rank,
+            # to the attempt's log, which every rank appends to (as torchrun's ``[rank]`` prefixes do).
             command = [sys.executable, "-m", "frenzy_opt.launch.train", *argv]
-            child_env = {**os.environ, **env, "OMP_NUM_THREADS": "1"}
-            done = subprocess.run(command, cwd=cwd, env=child_env, capture_output=True, text=True)
-            if done.returncode != 0:
-                tail = " | ".join(line for line in done.stderr.strip().splitlines()[-3:])[:500]
-                raise RuntimeError(f"rank {env['RANK']}: the worker exited with code {done.returncode}: {tail}")
+            child_env = {**os.environ, **env, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+            last: collections.deque[str] = collections.deque(maxlen=3)
+            with (
+                open(log, "a", encoding="utf-8") as out,
+                subprocess.Popen(
+                    command, cwd=cwd, env=child_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+                ) as child,
+            ):
+                assert child.stdout is not None
+                for line in child.stdout:
+                    out.write(f"[rank{env['RANK']}]: {line}")
+                    out.flush()
+                    last.append(line.strip())
+                code = child.wait()
+            if code != 0:
+                tail = " | ".join(last)[:500]
+                raise RuntimeError(f"rank {env['RANK']}: the worker exited with code {code}: {tail}")
             report = Path(cwd) / "report.jsonl"
             if env["RANK"] != "0" or not report.is_file():
                 return []
@@ -93,6 +107,11 @@ class RayExecutor:
 
     def supports(self, plan: Plan, arch: ModelArch) -> bool:
         return plan_supported(plan, arch)
+
+    def read_log(self, job_id: str, attempt: int, offset: int | None, limit: int) -> LogChunk | None:
+        """The attempt's ``attempt-N.log`` in the run folder: every rank's output, each line marked
+        ``[rankR]:``."""
+        return read_chunk(attempt_log(self.workdir, job_id, attempt), offset, limit)
 
     def bundles(self, launch: Launch) -> list[dict[str, float]]:
         """One bundle per rank (module docstring)."""
@@ -138,6 +157,8 @@ class RayExecutor:
         with self._lock:
             self._runs[launch.job_id] = (actors, group)
         master, port = ray.get(actors[0].address.remote())
+        log = attempt_log(self.workdir, launch.job_id, launch.attempt)
+        log.write_bytes(b"")
         refs = []
         for rank, handle in enumerate(actors):
             env = {
@@ -148,7 +169,7 @@ class RayExecutor:
                 "MASTER_ADDR": master,
                 "MASTER_PORT": str(port),
             }
-            refs.append(handle.run.remote(env, str(job_dir), argv))
+            refs.append(handle.run.remote(env, str(job_dir), argv, str(log)))
         threading.Thread(target=self._watch, args=(launch, refs, on_exit), daemon=True).start()
 
     def _watch(self, launch: Launch, refs: list[Any], on_exit: OnExit) -> None:

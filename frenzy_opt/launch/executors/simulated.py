@@ -7,17 +7,65 @@ running (what a real executor would report for processes that died with the node
 fraction of attempts fail half-way (seeded), to exercise retries.
 
 What it "measures" is the prediction itself (marked ``"source": "simulated"``): real measurements come from
-the torchrun executor (issue 6).
+the torchrun executor (issue 6). Its log (:meth:`SimulatedExecutor.read_log`) is a line at the start, one per
+tenth of the steps done so far by the clock, and one at the end, written from the attempt's timing when read;
+the last :data:`KEPT_LOGS` attempts' logs are kept in memory.
 """
 
 from __future__ import annotations
 
 import random
 import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
 
-from frenzy_opt.launch.executors import ExitInfo, Launch, OnExit, OnReport
+from frenzy_opt.launch.executors import ExitInfo, Launch, LogChunk, OnExit, OnReport
 from frenzy_opt.models.arch import ModelArch
 from frenzy_opt.planning.plans import Plan
+
+KEPT_LOGS = 10_000
+TENTHS = 10
+
+
+@dataclass(slots=True)
+class _Log:
+    """What an attempt's log is written from."""
+
+    launch: Launch
+    started: float
+    """time.monotonic() at launch."""
+    wall_s: float
+    """The whole run's wall time (a failing attempt stops half-way)."""
+    fails: bool
+    ended: float | None = None
+    cancelled: bool = False
+
+    def text(self, now: float) -> str:
+        launch, plan = self.launch, self.launch.option.plan
+        steps = launch.spec.training.train_steps
+        step_s = "unknown" if plan.step_time_s is None else f"{plan.step_time_s:.4g} s"
+        lines = [
+            f"simulated attempt {launch.attempt} of {launch.job_id}: {launch.option.num_gpus} x "
+            f"{launch.option.gpu_type} on {', '.join(launch.nodes)}; {steps} steps of {step_s} predicted, "
+            f"{launch.duration_s:,.0f} s in all"
+        ]
+        elapsed = (min(now, self.ended) if self.ended is not None else now) - self.started
+        for tenth in range(1, TENTHS + 1):
+            if (self.fails and tenth > TENTHS // 2) or tenth * self.wall_s / TENTHS > elapsed + 1e-9:
+                break
+            lines.append(
+                f"step {steps * tenth // TENTHS}/{steps} ({tenth * 100 // TENTHS} %), "
+                f"{launch.duration_s * tenth / TENTHS:,.0f} s in"
+            )
+        if self.ended is not None:
+            if self.cancelled:
+                lines.append("stopped: the attempt was cancelled")
+            elif self.fails:
+                lines.append("failed: simulated failure (rank 0 exited with code 1)")
+            else:
+                lines.append(f"completed {steps} steps")
+        return "".join(line + "\n" for line in lines)
 
 
 class SimulatedExecutor:
@@ -34,6 +82,9 @@ class SimulatedExecutor:
         self.time_scale, self.fail_rate = time_scale, fail_rate
         self._rng = random.Random(seed)
         self._timers: dict[str, threading.Timer] = {}
+        self._logs: OrderedDict[tuple[str, int], _Log] = OrderedDict()
+        self._current: dict[str, _Log] = {}
+        """The log of each job's running attempt."""
         self._lock = threading.Lock()
 
     def launch(self, launch: Launch, on_exit: OnExit, on_report: OnReport | None = None) -> None:
@@ -52,20 +103,39 @@ class SimulatedExecutor:
                 if self._timers.get(launch.job_id) is not timer:
                     return  # cancelled, or superseded by a later attempt
                 del self._timers[launch.job_id]
+                del self._current[launch.job_id]
+                log.ended = time.monotonic()
             cause = "" if not fails else "simulated failure (rank 0 exited with code 1)"
             on_exit(launch.job_id, launch.attempt, ExitInfo(ok=not fails, cause=cause, measured=measured))
 
         timer = threading.Timer(wall_s, finish)
         timer.daemon = True
+        log = _Log(launch, time.monotonic(), launch.duration_s / self.time_scale, fails)
         with self._lock:
             self._timers[launch.job_id] = timer
+            self._logs[(launch.job_id, launch.attempt)] = self._current[launch.job_id] = log
+            while len(self._logs) > KEPT_LOGS:
+                self._logs.popitem(last=False)
         timer.start()
 
     def cancel(self, job_id: str) -> None:
         with self._lock:
             timer = self._timers.pop(job_id, None)
+            log = self._current.pop(job_id, None)
+            if log is not None and log.ended is None:
+                log.ended, log.cancelled = time.monotonic(), True
         if timer is not None:
             timer.cancel()
+
+    def read_log(self, job_id: str, attempt: int, offset: int | None, limit: int) -> LogChunk | None:
+        """The attempt's progress lines (module docstring)."""
+        with self._lock:
+            log = self._logs.get((job_id, attempt))
+            if log is None:
+                return None
+            data = log.text(time.monotonic()).encode()
+        start = max(len(data) - limit, 0) if offset is None else min(max(offset, 0), len(data))
+        return LogChunk(data[start : start + limit], start, len(data))
 
     def running(self) -> set[str]:
         with self._lock:
@@ -83,5 +153,8 @@ class SimulatedExecutor:
     def shutdown(self) -> None:
         with self._lock:
             timers, self._timers = list(self._timers.values()), {}
+            for log in self._current.values():
+                log.ended, log.cancelled = time.monotonic(), True
+            self._current.clear()
         for timer in timers:
             timer.cancel()
