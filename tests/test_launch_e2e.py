@@ -138,6 +138,11 @@ def test_a_killed_rank_fails_the_attempt_releases_its_slots_and_the_retry_resume
     assert states == ["queued", "scheduled", "running", "failed", "queued", "scheduled", "running", "succeeded"]
     failure = next(e for e in done["history"] if e["state"] == "failed")
     assert "exited with code" in failure["detail"]
+    # Each attempt's output is its own: the first ends with the killed rank, the retry completes.
+    first = client.get(f"/v1/jobs/{job['id']}/logs", params={"attempt": 1, "offset": 0, "limit": 4 << 20}).text
+    retry = client.get(f"/v1/jobs/{job['id']}/logs").text
+    assert "step 7/20" in first and "completed 20 steps" not in first
+    assert "completed 20 steps" in retry and "step 1/20" not in retry  # resumed from its checkpoint
     assert done["attempts"] == 2
     restarts = [json.loads(x) for x in report.read_text().splitlines() if '"start"' in x]
     assert restarts[-1]["resumed_from"] >= 5  # the retry started from the checkpoint, not from step 0

@@ -66,9 +66,10 @@ def test_the_check_names_what_is_wrong() -> None:
     free = {0: 8, 1: 3, 2: 8}
     assert refusal(Shape(16, 2), (0, 2), free, 8) is None
     assert refusal(Shape(16, 2), (0,), free, 8) == "1 nodes, the rule takes 2"
-    assert refusal(Shape(16, 2), (0, 0), free, 8) == "2 nodes, the rule takes 2"
+    assert refusal(Shape(16, 2), (0, 0), free, 8) == "node 0 is listed twice"
     assert "node 1 has 3 free GPUs" in (refusal(Shape(16, 2), (0, 1), free, 8) or "")
     assert "node 1 has 3 free GPUs" in (refusal(Shape(4, 0), (1,), free, 8) or "")
+    assert "node b has 3 free GPUs" in (refusal(Shape(4, 0), (1,), free, 8, "abc".__getitem__) or "")
 
 
 def test_whole_nodes_for() -> None:

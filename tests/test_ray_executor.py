@@ -81,6 +81,12 @@ def test_ray_actors_train_on_a_placement_group_of_the_gpu_type(local_ray: None, 
     assert info.ok, info.cause
     assert info.measured["steps_run"] == 6 and info.measured["loss_last"] < info.measured["loss_first"]
     assert len(info.measured["peak_memory_bytes"]) == 2
+    log = executor.read_log("ray-ok", 1, 0, 1 << 20)
+    assert (
+        log is not None
+        and "[rank0]: step 6/6 loss" in log.data.decode()
+        and "[rank0]: completed 6 steps" in (log.data.decode())
+    )
     assert executor.running() == set()
     assert _all_bundles_back()
 
@@ -105,4 +111,6 @@ def test_a_failing_rank_ends_the_attempt_with_its_cause(local_ray: None, tmp_pat
     )
     info = _run(executor, broken)
     assert not info.ok and "rank" in info.cause and "plan needs dp x tp x pp = 3 ranks" in info.cause
+    log = executor.read_log("ray-fail", 1, None, 1 << 20)
+    assert log is not None and "plan needs dp x tp x pp = 3 ranks" in log.data.decode()  # the ranks' own words
     assert _all_bundles_back()

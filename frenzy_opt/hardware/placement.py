@@ -14,7 +14,7 @@ same question in O(S) instead of O(nodes); a property test checks that it always
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -76,18 +76,24 @@ def choose(shape: Shaped, free: Mapping[int, int], node_size: int) -> tuple[int,
     return tuple(empty[: shape.whole_nodes]) if len(empty) >= shape.whole_nodes else None
 
 
-def refusal(shape: Shaped, nodes: Iterable[int], free: Mapping[int, int], node_size: int) -> str | None:
-    """Why the rule does not admit the shape on ``nodes`` now (too many or too few nodes, a node without
-    room, a whole-node part on a partly used node), or None if it does."""
+def refusal(
+    shape: Shaped, nodes: Iterable[int], free: Mapping[int, int], node_size: int, name: Callable[[int], str] = str
+) -> str | None:
+    """Why the rule does not admit the shape on ``nodes`` now (a node listed twice, too many or too few nodes,
+    a node without room, a whole-node part on a partly used node), or None if it does; ``name`` spells a
+    node index in the reason."""
     nodes = list(nodes)
     want = shape.whole_nodes or 1
-    if len(set(nodes)) != len(nodes) or len(nodes) != want:
+    if len(set(nodes)) != len(nodes):
+        twice = next(n for n in nodes if nodes.count(n) > 1)
+        return f"node {name(twice)} is listed twice"
+    if len(nodes) != want:
         return f"{len(nodes)} nodes, the rule takes {want}"
     part = per_node(shape)
     for node in nodes:
         left = free.get(node, 0)
         if left < part or (shape.whole_nodes and left != node_size):
-            return f"node {node} has {left} free GPUs, the placement needs {part}" + (
+            return f"node {name(node)} has {left} free GPUs, the placement needs {part}" + (
                 f" on a wholly free node of {node_size}" if shape.whole_nodes else ""
             )
     return None

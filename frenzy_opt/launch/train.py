@@ -629,11 +629,15 @@ def train_layout(
             elapsed = time.perf_counter() - started
             report.write({"event": "step", "step": step + 1, "loss": loss, "step_time_s": elapsed,
                           "tokens_per_s": tokens_per_step / elapsed})  # fmt: skip
+            if dist.get_rank() == 0:  # the run's log (frenzy logs) in words; the report is for the scheduler
+                print(f"step {step + 1}/{args.steps} loss {loss:.4f} ({elapsed:.3f} s)", flush=True)
             if not math.isfinite(loss):
                 raise RuntimeError(f"loss is {loss} at step {step + 1}")
             if args.checkpoint_dir and (step + 1) % args.checkpoint_every == 0:
                 worker.save(step + 1)
         report.write({"event": "end", "steps": args.steps})
+        if dist.get_rank() == 0:
+            print(f"completed {args.steps} steps", flush=True)
         clean = True
     finally:
         worker.close(clean)

@@ -440,7 +440,9 @@ class Simulator:
             if not self.up[n]:
                 raise SimulationError(f"{self.policy.name}: {action.job}: node {node.name} is down")
         size = self.topology.node_size(option.gpu_type)
-        why = refusal(option, action.nodes, {n: self.free[n] for n in action.nodes}, size)
+        why = refusal(
+            option, action.nodes, {n: self.free[n] for n in action.nodes}, size, lambda n: self.topology.nodes[n].name
+        )
         if why is not None:
             raise SimulationError(f"{self.policy.name}: {action.job}: {why}")
         per_node = option.gpus_per_node
