@@ -7,12 +7,10 @@ import math
 
 import numpy as np
 import pytest
+from factories import synthetic_plan
 
-from frenzy_opt.core.spec import ParallelConfig
 from frenzy_opt.hardware.cluster import parse_cluster
-from frenzy_opt.hardware.gpus import lookup_gpu
 from frenzy_opt.hardware.topology import Topology
-from frenzy_opt.planning.plans import Plan
 from frenzy_opt.planning.problem import Busy, Option, ProblemJob, Schedule, SchedulingProblem, check_schedule, objective
 from frenzy_opt.solvers.cpsat import BASE, CpSatSolver, ModelConfig, canonical_nodes, checkpoints, node_classes
 from frenzy_opt.solvers.greedy import GreedyHAS
@@ -21,21 +19,6 @@ pytestmark = pytest.mark.solver
 
 # Two interchangeable A100 nodes and three interchangeable RTX-3090 nodes: symmetry breaking has work to do.
 GROUPS = (("A100-SXM4-80GB", 2, 4), ("RTX-3090", 3, 2))
-
-
-def _plan(gpu_type: str, num_gpus: int) -> Plan:
-    gpu = lookup_gpu(gpu_type)
-    return Plan(
-        gpu_type=gpu_type,
-        num_gpus=num_gpus,
-        parallel=ParallelConfig(dp=num_gpus),
-        micro_batch_size=1,
-        precision="bf16",
-        peak_allocated_bytes=gpu.memory_bytes // 2,
-        peak_reserved_bytes=gpu.memory_bytes // 2,
-        device_used_bytes=gpu.memory_bytes // 2,
-        capacity_bytes=gpu.memory_bytes,
-    )
 
 
 def random_problem(seed: int, num_jobs: int, *, busy: bool = False) -> SchedulingProblem:
@@ -55,7 +38,11 @@ def random_problem(seed: int, num_jobs: int, *, busy: bool = False) -> Schedulin
                 whole = topology.nodes_needed(gpu_type, n)
                 options.append(
                     Option(
-                        gpu_type=gpu_type, num_gpus=n, whole_nodes=whole, duration_s=duration, plan=_plan(gpu_type, n)
+                        gpu_type=gpu_type,
+                        num_gpus=n,
+                        whole_nodes=whole,
+                        duration_s=duration,
+                        plan=synthetic_plan(gpu_type, n),
                     )
                 )
         arrival = 0.0 if seed % 2 == 0 else float(rng.integers(0, 4) * 100)

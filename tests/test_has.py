@@ -7,15 +7,14 @@ import itertools
 from pathlib import Path
 
 import pytest
+from factories import synthetic_plan
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from frenzy_opt.core.spec import ParallelConfig, parse_job
+from frenzy_opt.core.spec import parse_job
 from frenzy_opt.hardware.cluster import parse_cluster
-from frenzy_opt.hardware.gpus import lookup_gpu
 from frenzy_opt.hardware.topology import Topology
 from frenzy_opt.launch.executors import ExitInfo, Launch, OnExit
-from frenzy_opt.planning.plans import Plan
 from frenzy_opt.planning.problem import Option, OptionCache, ProblemJob, SchedulingProblem
 from frenzy_opt.planning.scenario import Request, load_cluster_ref
 from frenzy_opt.service.orchestrator import Exited, Orchestrator, Submitted
@@ -30,19 +29,7 @@ TOPOLOGY = Topology(parse_cluster({"node_groups": [{"gpu": GPU, "num_nodes": 2, 
 
 
 def _option(num_gpus: int, duration_s: float, gpu_type: str = GPU) -> Option:
-    gpu = lookup_gpu(gpu_type)
-    plan = Plan(
-        gpu_type=gpu_type,
-        num_gpus=num_gpus,
-        parallel=ParallelConfig(dp=num_gpus),
-        micro_batch_size=1,
-        precision="bf16",
-        peak_allocated_bytes=gpu.memory_bytes // 2,
-        peak_reserved_bytes=gpu.memory_bytes // 2,
-        device_used_bytes=gpu.memory_bytes // 2,
-        capacity_bytes=gpu.memory_bytes,
-        step_time_s=duration_s,
-    )
+    plan = synthetic_plan(gpu_type, num_gpus, duration_s)
     return Option(gpu_type=gpu_type, num_gpus=num_gpus, whole_nodes=num_gpus // 8, duration_s=duration_s, plan=plan)
 
 

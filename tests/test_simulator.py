@@ -7,15 +7,12 @@ import math
 from dataclasses import replace
 
 import pytest
+from factories import synthetic_option
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from frenzy_opt.core.spec import ParallelConfig
 from frenzy_opt.hardware.cluster import parse_cluster
-from frenzy_opt.hardware.gpus import lookup_gpu
 from frenzy_opt.hardware.topology import Topology
-from frenzy_opt.planning.plans import Plan
-from frenzy_opt.planning.problem import Option
 from frenzy_opt.planning.scenario import Request, load_scenario
 from frenzy_opt.simulation.simulator import (
     Action,
@@ -34,30 +31,6 @@ from frenzy_opt.solvers.policies import place
 GPU_TYPES = ("A100-SXM4-80GB", "V100-SXM2-32GB")
 
 
-def _option(topology: Topology, gpu_type: str, num_gpus: int, step_s: float) -> Option:
-    gpu = lookup_gpu(gpu_type)
-    plan = Plan(
-        gpu_type=gpu_type,
-        num_gpus=num_gpus,
-        parallel=ParallelConfig(dp=num_gpus),
-        micro_batch_size=1,
-        precision="bf16",
-        peak_allocated_bytes=gpu.memory_bytes // 2,
-        peak_reserved_bytes=gpu.memory_bytes // 2,
-        device_used_bytes=gpu.memory_bytes // 2,
-        capacity_bytes=gpu.memory_bytes,
-        step_time_s=step_s,
-        est_runtime_s=step_s,
-    )
-    return Option(
-        gpu_type=gpu_type,
-        num_gpus=num_gpus,
-        whole_nodes=topology.nodes_needed(gpu_type, num_gpus),
-        duration_s=step_s,
-        plan=plan,
-    )
-
-
 def _job(topology: Topology, job_id: str, arrival: float, steps: int, base_s: float, request: Request) -> SimJob:
     per_count = {}
     for t in topology.gpu_types:
@@ -65,7 +38,7 @@ def _job(topology: Topology, job_id: str, arrival: float, steps: int, base_s: fl
         speed = 3.0 if t.startswith("A100") else 1.0
         counts = [n for n in (1, 2, 4, 8) if n <= size] + [size * k for k in range(2, len(topology.nodes_of(t)) + 1)]
         for n in counts:
-            per_count[(t, n)] = _option(topology, t, n, base_s / (speed * n**0.85))
+            per_count[(t, n)] = synthetic_option(topology, t, n, base_s / (speed * n**0.85))
     options = tuple(per_count.values())  # strictly faster with more GPUs: all on the Pareto front
     return SimJob(
         id=job_id,

@@ -6,14 +6,13 @@ import itertools
 import math
 
 import pytest
+from factories import synthetic_plan
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from frenzy_opt.core.spec import ParallelConfig
 from frenzy_opt.hardware.cluster import parse_cluster
 from frenzy_opt.hardware.gpus import lookup_gpu
 from frenzy_opt.hardware.topology import Topology
-from frenzy_opt.planning.plans import Plan
 from frenzy_opt.planning.problem import (
     Option,
     ProblemJob,
@@ -28,21 +27,6 @@ from frenzy_opt.solvers import make_solver, solver_names
 from frenzy_opt.solvers.lpbound import lp_lower_bound
 
 GPU_TYPES = ("A100-SXM4-80GB", "V100-SXM2-32GB", "RTX-3090")
-
-
-def _plan(gpu_type: str, num_gpus: int) -> Plan:
-    gpu = lookup_gpu(gpu_type)
-    return Plan(
-        gpu_type=gpu_type,
-        num_gpus=num_gpus,
-        parallel=ParallelConfig(dp=num_gpus),
-        micro_batch_size=1,
-        precision="bf16",
-        peak_allocated_bytes=gpu.memory_bytes // 2,
-        peak_reserved_bytes=gpu.memory_bytes // 2,
-        device_used_bytes=gpu.memory_bytes // 2,
-        capacity_bytes=gpu.memory_bytes,
-    )
 
 
 @st.composite
@@ -67,7 +51,7 @@ def problems(draw: st.DrawFn, max_jobs: int = 5) -> SchedulingProblem:
                         num_gpus=n,
                         whole_nodes=topology.nodes_needed(t, n),
                         duration_s=duration,
-                        plan=_plan(t, n),
+                        plan=synthetic_plan(t, n),
                     )
                 )
         jobs.append(

@@ -10,12 +10,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from factories import synthetic_option
 
-from frenzy_opt.core.spec import ParallelConfig
 from frenzy_opt.hardware.cluster import parse_cluster
-from frenzy_opt.hardware.gpus import lookup_gpu
 from frenzy_opt.hardware.topology import Topology
-from frenzy_opt.planning.plans import Plan
 from frenzy_opt.planning.problem import Option
 from frenzy_opt.planning.scenario import Request
 from frenzy_opt.prediction import steptime
@@ -44,30 +42,6 @@ def _topology() -> Topology:
     )
 
 
-def _option(topology: Topology, gpu_type: str, num_gpus: int, step_s: float) -> Option:
-    gpu = lookup_gpu(gpu_type)
-    plan = Plan(
-        gpu_type=gpu_type,
-        num_gpus=num_gpus,
-        parallel=ParallelConfig(dp=num_gpus),
-        micro_batch_size=1,
-        precision="bf16",
-        peak_allocated_bytes=gpu.memory_bytes // 2,
-        peak_reserved_bytes=gpu.memory_bytes // 2,
-        device_used_bytes=gpu.memory_bytes // 2,
-        capacity_bytes=gpu.memory_bytes,
-        step_time_s=step_s,
-        est_runtime_s=step_s,
-    )
-    return Option(
-        gpu_type=gpu_type,
-        num_gpus=num_gpus,
-        whole_nodes=topology.nodes_needed(gpu_type, num_gpus),
-        duration_s=step_s,
-        plan=plan,
-    )
-
-
 def _job(topology: Topology, job_id: str, arrival: float, steps: int, base_s: float, request: Request) -> SimJob:
     """A job whose predicted step time is ``base_s`` / (speed x n^0.85): A100s 3x faster than V100s."""
     per_count = {}
@@ -75,7 +49,7 @@ def _job(topology: Topology, job_id: str, arrival: float, steps: int, base_s: fl
         speed = 3.0 if t == A100 else 1.0
         for n in (1, 2, 4, 8):
             if topology.nodes_needed(t, n) >= 0:
-                per_count[(t, n)] = _option(topology, t, n, base_s / (speed * n**0.85))
+                per_count[(t, n)] = synthetic_option(topology, t, n, base_s / (speed * n**0.85))
     return SimJob(
         id=job_id,
         arrival_s=arrival,

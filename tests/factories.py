@@ -1,0 +1,40 @@
+"""Synthetic plans and options for scheduler tests: data-parallel plans that fit their GPU with room to spare,
+whose step time the test chooses (tests/ is on sys.path, as for ``pgserver``)."""
+
+from __future__ import annotations
+
+from frenzy_opt.core.spec import ParallelConfig
+from frenzy_opt.hardware.gpus import lookup_gpu
+from frenzy_opt.hardware.topology import Topology
+from frenzy_opt.planning.plans import Plan
+from frenzy_opt.planning.problem import Option
+
+
+def synthetic_plan(gpu_type: str, num_gpus: int, step_s: float | None = None) -> Plan:
+    """A dp plan on ``num_gpus`` x ``gpu_type`` using half of each GPU's memory; ``step_s`` its step time and
+    (one step) estimated run time."""
+    gpu = lookup_gpu(gpu_type)
+    return Plan(
+        gpu_type=gpu_type,
+        num_gpus=num_gpus,
+        parallel=ParallelConfig(dp=num_gpus),
+        micro_batch_size=1,
+        precision="bf16",
+        peak_allocated_bytes=gpu.memory_bytes // 2,
+        peak_reserved_bytes=gpu.memory_bytes // 2,
+        device_used_bytes=gpu.memory_bytes // 2,
+        capacity_bytes=gpu.memory_bytes,
+        step_time_s=step_s,
+        est_runtime_s=step_s,
+    )
+
+
+def synthetic_option(topology: Topology, gpu_type: str, num_gpus: int, duration_s: float) -> Option:
+    """The option of :func:`synthetic_plan` running ``duration_s``, shaped by the topology's placement rule."""
+    return Option(
+        gpu_type=gpu_type,
+        num_gpus=num_gpus,
+        whole_nodes=topology.nodes_needed(gpu_type, num_gpus),
+        duration_s=duration_s,
+        plan=synthetic_plan(gpu_type, num_gpus, duration_s),
+    )
