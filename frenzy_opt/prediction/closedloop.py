@@ -89,11 +89,13 @@ def recalibrate(samples: list[Sample], model: StepTimeModel) -> tuple[StepTimeMo
 
     One efficiency per key (stored under the ``f"{gpu}@{precision}"`` key that
     :meth:`StepTimeModel.efficiency_of` reads first), each starting from the model's current value, fitted by
-    :func:`frenzy_opt.prediction.fitting.fit_points`: ``log(predicted / measured)`` weighs every run alike, so
-    the slowest run does not dominate runs of one type but very different sizes (a tiny model's steps are
-    mostly fixed overhead). No prior: only the sampled keys' efficiencies are fitted, each informed by its
-    own runs. The range is :data:`EFFICIENCY_RANGE`. The reported error is the mean relative error; a key
-    whose fitted efficiency makes that worse than the starting model's keeps the starting efficiency.
+    :func:`frenzy_opt.prediction.fitting.fit_points` on absolute log errors: ``log(predicted / measured)``
+    weighs every run alike, so the slowest run does not dominate runs of one type but very different sizes (a
+    tiny model's steps are mostly fixed overhead), and its absolute value keeps one outlying run (a layout
+    the model prices badly) from dragging the fit, as the mean relative error it is judged by does. No prior:
+    only the sampled keys' efficiencies are fitted, each informed by its own runs. The range is
+    :data:`EFFICIENCY_RANGE`. The reported error is the mean relative error; a key whose fitted efficiency
+    makes that worse than the starting model's keeps the starting efficiency.
     """
     by_key: dict[str, list[Sample]] = {}
     for s in samples:
@@ -104,7 +106,7 @@ def recalibrate(samples: list[Sample], model: StepTimeModel) -> tuple[StepTimeMo
         for key in sorted(by_key)
     ]
     points = [FitPoint(step_terms(s.spec), s.gpu, s.links, s.step_time_s) for s in samples]
-    trial = fit_points(points, params, model) if points else model
+    trial = fit_points(points, params, model, absolute=True) if points else model
     fitted = model
     report: dict[str, dict[str, Any]] = {}
     for key, group in sorted(by_key.items()):
