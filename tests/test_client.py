@@ -215,3 +215,30 @@ def test_logs_print_the_attempts_output_and_follow_ends_with_the_attempt(
     assert json.loads(out)["attempt"] == 1 and json.loads(out)["log"].splitlines() == lines
     code, _, err = _run(capsys, "logs", running["id"], "--json", "--follow", *auth)
     assert code == 1 and "do not go together" in err
+
+
+def test_the_client_over_http_follows_a_job_of_a_live_server_to_its_end(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The real thing: ``frenzy serve``'s uvicorn server on 127.0.0.1 and the client's own connection."""
+    from frenzy_opt.api.server import background_server
+
+    monkeypatch.setenv("FRENZY_CONFIG", str(tmp_path / "absent.yaml"))
+    monkeypatch.delenv("FRENZY_TOKEN", raising=False)
+    cluster = load_cluster_ref("paper-3type")
+    config = ServiceConfig(
+        cluster=cluster,
+        db_url=f"sqlite:///{tmp_path / 'jobs.db'}",
+        executor=SimulatedExecutor(time_scale=1e6),  # LONG runs for a few wall seconds
+        time_scale=1e6,
+        decision_wait_s=5.0,
+    )
+    with background_server(config) as url:
+        monkeypatch.setenv("FRENZY_SERVER", url)
+        code, out, _ = _run(capsys, "submit", _job_file(tmp_path, LONG, "live"), "--json")
+        job = json.loads(out)
+        assert code == 0 and job["state"] == "running"
+        code, out, _ = _run(capsys, "logs", job["id"], "--follow")
+        assert code == 0 and out.splitlines()[-1] == "completed 100000 steps"
+        code, out, _ = _run(capsys, "status", job["id"], "--json")
+        assert code == 0 and json.loads(out)["state"] == "succeeded"
