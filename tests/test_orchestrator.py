@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import itertools
+import threading
 import time
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -260,3 +262,17 @@ def test_queued_jobs_get_their_position_and_the_reservations_start_estimate(tmp_
     ends = [r.end_s for r in orch.running.values() if r.option.gpu_type == gpu_type]
     latest_wall_s = (max(ends) - orch.now()) / orch.time_scale
     assert 0.0 <= info.estimated_start_in_s <= latest_wall_s + (time.monotonic() - asked)  # the clock moved on
+
+
+def test_a_submission_cancelled_before_any_decision_is_answered_and_forgotten(tmp_path: Path) -> None:
+    orch = _orchestrator(tmp_path)
+    record = orch.store.add_job(
+        job_id=f"job-{next(COUNTER)}", tenant="t", name="j", spec=SPECS[0], request_hash="h", idempotency_key=None,
+        max_retries=0, weight=1.0, predicted=None,
+    )  # fmt: skip
+    waiter = orch.submit(record)  # queues a Submitted event; the test hands the loop its batch itself
+    done: Future[str] = Future()
+    orch.process([Submitted(record, parse_job(record.spec)), CancelRequested(record.id, done)])
+    assert done.result(timeout=1) == "cancelled"
+    assert isinstance(waiter, threading.Event) and waiter.is_set()  # the submission does not wait it out
+    assert record.id not in orch.jobs and record.id not in orch.state.queue

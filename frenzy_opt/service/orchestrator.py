@@ -527,10 +527,12 @@ class Orchestrator:
             self._drop(job_id, f"{kind} failed inside the scheduler: {err.__class__.__name__}: {err}", pending)
 
     def _end(self, job_id: str) -> None:
-        """Forget a job that reached a terminal state (its GPUs released before)."""
+        """Forget a job that reached a terminal state (its GPUs released before); a submission still waiting
+        for its first decision is answered."""
         self.jobs.pop(job_id, None)
         self.state.queue.pop(job_id, None)
         self._fresh.discard(job_id)
+        self._mark_decided(job_id)
 
     def _drop(self, job_id: str, reason: str, pending: _Pending) -> None:
         """Take a job out of the queue and the ledger and fail it with the reason (quarantine)."""
@@ -540,7 +542,6 @@ class Orchestrator:
             self._release(job)
         self._end(job_id)
         pending.add(job_id, JobState.FAILED, f"quarantined: {reason}")
-        self._mark_decided(job_id)
 
     def _write(self, pending: _Pending) -> bool:
         """Write a batch's state changes, retrying with back-off while the store is at fault (module
