@@ -81,16 +81,19 @@ class Service:
             f"{self.config.cluster.name} admit (inside one node, or whole nodes)"
         )
 
-    def job_out(self, record: JobRecord, history: list[EventOut] | None = None, *, progress: bool = False) -> JobOut:
+    def job_out(
+        self, record: JobRecord, history: list[EventOut] | None = None, *, progress: bool = False, queue: bool = True
+    ) -> JobOut:
         """A job's JSON: the store's record with what only the scheduler knows (why it waits, where it stands
-        in the queue, its progress)."""
+        in the queue, its progress). ``queue=False`` (a submission's answer) leaves the queue position and
+        start estimate out: planning them costs the scheduler a pass over the queue."""
+        info = self.orchestrator.queue_info(record.id) if queue and record.state == "queued" else None
         out = job_out(
             record,
             self.orchestrator.reason(record.id),
             history,
             self.orchestrator.progress(record.id) if progress else None,
         )
-        info = self.orchestrator.queue_info(record.id) if record.state == "queued" else None
         if info is not None:
             out.queue_position = info.position
             out.estimated_start_in_s = info.estimated_start_in_s

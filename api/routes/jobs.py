@@ -85,7 +85,7 @@ async def submit(body: JobIn, service: Svc, who: Who, idempotency_key: Idempoten
     with contextlib.suppress(TimeoutError):  # past the wait: answered with the reason it waits so far
         await asyncio.wait_for(decided.future, service.config.decision_wait_s)
     current = await loop.run_in_executor(service.store_calls, store.get, accepted.id)
-    return service.job_out(current or accepted)
+    return service.job_out(current or accepted, queue=False)
 
 
 def _accept(
@@ -121,7 +121,7 @@ def _accept(
 def _replay(service: Service, existing: JobRecord, request_hash: str) -> JobOut:
     if existing.request_hash != request_hash:
         raise HTTPException(409, "Idempotency-Key already used for a different job")
-    return service.job_out(existing)
+    return service.job_out(existing, queue=False)
 
 
 @router.get("", response_model=JobListOut, responses={401: {}})

@@ -192,8 +192,11 @@ Event = Submitted | Exited | CancelRequested | Tick | Stop
 
 
 ESTIMATED_JOBS = 500
-"""How deep into the queue a job's start is estimated (the planning pass costs tens of microseconds per
-job, under the orchestrator's lock)."""
+"""How deep into the queue a job's start is estimated: the planning pass runs under the orchestrator's lock,
+for every job up to this one."""
+ESTIMATE_REFRESH_S = 1.0
+"""Planned estimates are reused for this long (wall seconds) unless the job asked about is not among them, so
+a burst of requests costs one planning pass a second, not one per decision."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,9 +302,11 @@ class Orchestrator:
         self._wake: list[Waiter] = []
         self._fresh: set[str] = set()
         """Queued jobs no decision has considered yet."""
-        self._estimates: tuple[tuple[int, int], _Estimates] = ((-1, -1), _Estimates({}, {}))
-        """Queue positions and planned waits (:meth:`_estimated`), and the (decision count, queue length)
-        they were planned at."""
+        self._estimates: tuple[float, tuple[int, int], _Estimates] = (-math.inf, (-1, -1), _Estimates({}, {}))
+        """Queue positions and planned waits (:meth:`_estimated`): when (time.monotonic()) and at which
+        (decision count, queue length) they were planned."""
+        self._waiting: dict[str, tuple[Option | None, float]] = {}
+        """What the last decision planned for the queued jobs it reached (the greedy's ``waiting``)."""
         self._events: queue.Queue[Event] = queue.Queue()
         self._lock = threading.RLock()
         self._thread: threading.Thread | None = None
@@ -383,16 +388,21 @@ class Orchestrator:
 
     def reason(self, job_id: str) -> str | None:
         """Why a queued job waits (formatted on demand: a decision over a long queue does not build a sentence
-        per job), in cluster seconds."""
+        per job), in cluster seconds: from the estimates :meth:`queue_info` planned, else from the last
+        decision (cheap: the answer to a submission plans nothing)."""
         with self._lock:
             record = self.jobs.get(job_id)
             reason = None if record is None else record.reason
             job = self.state.queue.get(job_id)
             if job is None or job_id in self._fresh:
                 return reason
-            planned = self._estimated().waits.get(job_id)
+            estimates = self._estimates[2]
+            planned = estimates.waits.get(job_id) or self._waiting.get(job_id)
             if planned is None:
-                return f"queued: behind the first {ESTIMATED_JOBS} jobs of the queue"
+                position = estimates.positions.get(job_id, 0)
+                if position > ESTIMATED_JOBS:
+                    return f"queued: behind the first {ESTIMATED_JOBS} jobs of the queue"
+                return "queued: no GPU free for it at the last decision"
             option, start = planned
             if option is None:
                 return self.quotas.explain(job_id, job.options)
@@ -405,7 +415,7 @@ class Orchestrator:
         with self._lock:
             if job_id not in self.state.queue:
                 return None
-            estimates = self._estimated()
+            estimates = self._estimated(job_id)
             option, start = estimates.waits.get(job_id, (None, math.inf))
             position = estimates.positions.get(job_id)
             if option is None or math.isinf(start):
@@ -413,14 +423,17 @@ class Orchestrator:
             wall_s = max(start - self.now(), 0.0) / self.time_scale
             return QueueInfo(position, wall_s, f"{option.num_gpus} x {option.gpu_type}")
 
-    def _estimated(self) -> _Estimates:
+    def _estimated(self, job_id: str) -> _Estimates:
         """The queue's positions and planned waits (:meth:`GreedyState.plan_waits` of the first
-        :data:`ESTIMATED_JOBS` jobs), planned once per decision and only when asked (under ``_lock``)."""
-        key = (self.decisions, len(self.state.queue))
-        if self._estimates[0] != key:
+        :data:`ESTIMATED_JOBS` jobs), planned only when asked: again once decisions changed the queue and
+        either :data:`ESTIMATE_REFRESH_S` passed or ``job_id`` is not among them (under ``_lock``)."""
+        at, key, estimates = self._estimates
+        now, current = time.monotonic(), (self.decisions, len(self.state.queue))
+        if key != current and (now - at >= ESTIMATE_REFRESH_S or job_id not in estimates.positions):
             order, waits = self.state.plan_waits(self.now(), self.quotas, ESTIMATED_JOBS)
-            self._estimates = (key, _Estimates({job.id: i for i, job in enumerate(order, start=1)}, waits))
-        return self._estimates[1]
+            estimates = _Estimates({job.id: i for i, job in enumerate(order, start=1)}, waits)
+            self._estimates = (now, current, estimates)
+        return estimates
 
     def calibration_snapshot(self) -> dict[str, Any]:
         """A consistent copy of the closed loop's state: the efficiencies planned with, the last refit's
@@ -715,10 +728,12 @@ class Orchestrator:
         now = self.now()
         tick = time.perf_counter()
         assignments = self.state.decide(now, admit=self.quotas)
+        waiting = self.state.waiting
         if self.preempt:
             self._preempt(now, pending)
             if self.state.queue:
                 assignments += self.state.decide(now, admit=self.quotas)
+                waiting = {**waiting, **self.state.waiting}
         elapsed = time.perf_counter() - tick
         self.decisions += 1
         if self.on_decision is not None:
@@ -726,6 +741,7 @@ class Orchestrator:
         launches = [self._start(self.jobs[a.job], a, now, pending) for a in assignments]
         # Every queued job was considered: O(waiters) here, not O(queue) (a decision with a long queue spent
         # more time noting this per job than deciding).
+        self._waiting = waiting
         self._fresh.clear()
         for job_id in [j for j in self._decided if j in self.state.queue]:
             self._mark_decided(job_id)
