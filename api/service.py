@@ -101,7 +101,9 @@ class Service:
         return out
 
 
-def service_of(request: Request) -> Service:
+async def service_of(request: Request) -> Service:
+    """(Dependencies are ``async``: FastAPI runs a plain function dependency in its thread pool, a thread hop
+    per request on the submission path.)"""
     service: Service = request.app.state.service
     return service
 
@@ -110,7 +112,7 @@ Svc = Annotated[Service, Depends(service_of)]
 Auth = Annotated[str | None, Header(description="`Bearer <token>`; not needed in local mode")]
 
 
-def principal(service: Svc, authorization: Auth = None) -> Principal:
+async def principal(service: Svc, authorization: Auth = None) -> Principal:
     """The caller (401 unless its bearer token is known, or the service has no tokens)."""
     return service.principal_of(authorization)
 
