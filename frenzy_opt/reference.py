@@ -301,7 +301,7 @@ def cluster_sections() -> list[Section]:
             "A cluster file (contract 2) is a YAML or JSON mapping, named by `--cluster` or a scenario's `cluster`.",
             rows_of(
                 cluster_file.ClusterSpec,
-                ("name", "network", "node_groups"),
+                cluster_file.CLUSTER_FIELDS,
                 field_of_key={"network": "inter_node_gbit_s"},
                 defaults={"name": f"`{cluster_file.DEFAULT_NAME}`", "network": "see below"},
                 types={"network": "mapping"},

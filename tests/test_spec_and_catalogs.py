@@ -629,6 +629,7 @@ def _cluster(**group: Any) -> dict[str, Any]:
         ({**_cluster(), "network": {"inter_node_gbps": -100}}, "network.inter_node_gbps"),
         ({**_cluster(), "network": {"inter_node_gbps": "fast"}}, "network.inter_node_gbps"),
         ({"name": "c", "node_groups": []}, "node_groups"),
+        ({**_cluster(), "nodes": 4}, "cluster: unknown field(s) nodes; allowed: name, network, node_groups"),
     ],
 )
 def test_cluster_errors_name_the_field(data: dict[str, Any], field: str) -> None:

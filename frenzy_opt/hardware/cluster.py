@@ -124,8 +124,19 @@ def _network(raw: dict[str, Any], where: str, default: tuple[int, float]) -> tup
     return nics, gbps
 
 
+CLUSTER_FIELDS = ("name", "network", "node_groups")
+"""The top-level keys of a cluster file (contract 2)."""
+
+
 def parse_cluster(data: dict[str, Any]) -> ClusterSpec:
     """A :class:`ClusterSpec` from a contract-2 mapping; errors name the field."""
+    if not isinstance(data, dict):
+        raise ValueError(f"a cluster must be a mapping of {', '.join(CLUSTER_FIELDS)}, got {type(data).__name__}")
+    unknown = sorted(set(data) - set(CLUSTER_FIELDS))
+    if unknown:
+        raise ValueError(
+            f"cluster: unknown field(s) {', '.join(map(str, unknown))}; allowed: {', '.join(CLUSTER_FIELDS)}"
+        )
     network = data.get("network") or {}
     if not isinstance(network, dict):
         raise ValueError("network must be a mapping like {nics_per_node: 8, nic_gbps: 400} or {inter_node_gbps: 100}")
