@@ -238,11 +238,20 @@ class Job:
     progress: dict[str, Any] | None = None
     """The running attempt's latest worker report."""
 
+    @property
+    def steps(self) -> int:
+        """Training steps the job still has to run."""
+        return self.spec.training.train_steps if self.steps_left is None else self.steps_left
+
+    def spec_with(self, steps: int | None) -> JobSpec:
+        """The spec with ``steps`` training steps (None: the spec's own)."""
+        if steps is None:
+            return self.spec
+        return replace(self.spec, training=replace(self.spec.training, train_steps=steps))
+
     def spec_now(self) -> JobSpec:
         """The spec with the steps the job still has to run."""
-        if self.steps_left is None:
-            return self.spec
-        return replace(self.spec, training=replace(self.spec.training, train_steps=self.steps_left))
+        return self.spec_with(self.steps_left)
 
 
 class Orchestrator:
@@ -683,14 +692,12 @@ class Orchestrator:
 
     def _steps_at(self, job: Job, now: float) -> int:
         """Steps the job still has to run if its attempt stopped at ``now``."""
-        before = job.spec.training.train_steps if job.steps_left is None else job.steps_left
         done = 0.0 if job.run is None else job.run.done_fraction(now)
-        return max(1, math.ceil(before * (1.0 - done)))
+        return max(1, math.ceil(job.steps * (1.0 - done)))
 
     def _resumed(self, job: Job, now: float) -> tuple[Option, ...]:
         """The job's options if it stopped now and resumed: the steps it has left, plus its restart cost."""
-        left = self._steps_at(job, now) if job.run is not None else job.steps_left
-        spec = job.spec if left is None else replace(job.spec, training=replace(job.spec.training, train_steps=left))
+        spec = job.spec_with(self._steps_at(job, now) if job.run is not None else job.steps_left)
         restart = math.ceil(restart_cost_s(job.spec.model.num_params))
         return tuple(replace(o, duration_s=o.duration_s + restart) for o in self.cache.options(spec))
 
@@ -706,8 +713,7 @@ class Orchestrator:
         )
         for move in moves:
             job = self.jobs[move.job]
-            before = job.spec.training.train_steps if job.steps_left is None else job.steps_left
-            left = self._steps_at(job, now)
+            before, left = job.steps, self._steps_at(job, now)
             options = self._resumed(job, now)
             # The review released its GPUs in the ledger already: only the quota and the executor are left.
             job.run, job.progress = None, None
