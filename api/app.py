@@ -99,8 +99,6 @@ def create_app(config: ServiceConfig) -> FastAPI:
         redoc_url=None,
     )
     app.state.service = service
-    app.state.store, app.state.orchestrator, app.state.metrics = store, orchestrator, metrics
-    app.state.searches = service.searches
     mount_docs(app)
     app.include_router(ui_router())
     for module in (jobs, plans, cluster, ops):

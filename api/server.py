@@ -72,7 +72,7 @@ def serve(config: ServiceConfig, host: str, port: int) -> None:
     corrupt database or one another service writes ends here with the reason, before any row is touched."""
     try:
         app = create_app(config)
-        app.state.store.acquire_writer()
+        app.state.service.store.acquire_writer()
     except (StoreCorrupt, StoreInUse) as err:
         raise SystemExit(f"frenzy serve: {err}") from None
     # The scheduler's decisions and warnings go to stderr at INFO next to uvicorn's access log.

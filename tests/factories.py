@@ -1,13 +1,20 @@
-"""Synthetic plans and options for scheduler tests: data-parallel plans that fit their GPU with room to spare,
-whose step time the test chooses (tests/ is on sys.path, as for ``pgserver``)."""
+"""Test fixtures' builders (tests/ is on sys.path, as for ``pgserver``): synthetic plans and options for scheduler
+tests (data-parallel plans that fit their GPU with room to spare, whose step time the test chooses), and the
+configuration of a simulated service."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from frenzy_opt.api.app import ServiceConfig
+from frenzy_opt.api.auth import parse_tenants
 from frenzy_opt.core.spec import ParallelConfig
 from frenzy_opt.hardware.gpus import lookup_gpu
 from frenzy_opt.hardware.topology import Topology
+from frenzy_opt.launch.executors.simulated import SimulatedExecutor
 from frenzy_opt.planning.plans import Plan
 from frenzy_opt.planning.problem import Option
+from frenzy_opt.planning.scenario import load_cluster_ref
 
 
 def synthetic_plan(gpu_type: str, num_gpus: int, step_s: float | None = None) -> Plan:
@@ -37,4 +44,20 @@ def synthetic_option(topology: Topology, gpu_type: str, num_gpus: int, duration_
         whole_nodes=topology.nodes_needed(gpu_type, num_gpus),
         duration_s=duration_s,
         plan=synthetic_plan(gpu_type, num_gpus, duration_s),
+    )
+
+
+def simulated_service(
+    db_url: str, time_scale: float, tenants: dict[str, Any] | None = None, **settings: Any
+) -> ServiceConfig:
+    """A service on the shipped ``paper-3type`` cluster with the simulated executor, whose clock runs at the
+    service's ``time_scale``; ``tenants`` is a tokens file's mapping (None: local mode)."""
+    cluster = load_cluster_ref("paper-3type")
+    return ServiceConfig(
+        cluster=cluster,
+        db_url=db_url,
+        executor=SimulatedExecutor(time_scale=time_scale),
+        tenants=parse_tenants(tenants or {}, [g.name for g in cluster.gpu_types()]),
+        time_scale=time_scale,
+        **settings,
     )

@@ -29,7 +29,7 @@ app = create_app(
         decision_wait_s=0.05,
     )
 )
-app.state.orchestrator.start()  # schemathesis calls the ASGI app without its lifespan
+app.state.service.orchestrator.start()  # schemathesis calls the ASGI app without its lifespan
 schema = schemathesis.openapi.from_asgi("/openapi.json", app)
 
 

@@ -9,15 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from factories import simulated_service
 from fastapi.testclient import TestClient
 
 from frenzy_opt import client as client_module
-from frenzy_opt.api.app import ServiceConfig, create_app
-from frenzy_opt.api.auth import parse_tenants
+from frenzy_opt.api.app import create_app
 from frenzy_opt.cli import main
 from frenzy_opt.client import Target, parse_duration, resolve
-from frenzy_opt.launch.executors.simulated import SimulatedExecutor
-from frenzy_opt.planning.scenario import load_cluster_ref
 
 TOKEN_A, TOKEN_ADMIN = "token-team-a", "token-admin-1"
 TENANTS = {"tokens": [{"token": TOKEN_A, "tenant": "team-a"}, {"token": TOKEN_ADMIN, "tenant": "ops", "admin": True}]}
@@ -32,14 +30,7 @@ def service(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[TestCli
     for name in ("FRENZY_SERVER", "FRENZY_TOKEN"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("FRENZY_CONFIG", str(tmp_path / "absent.yaml"))
-    cluster = load_cluster_ref("paper-3type")
-    config = ServiceConfig(
-        cluster=cluster,
-        db_url=f"sqlite:///{tmp_path / 'jobs.db'}",
-        executor=SimulatedExecutor(time_scale=1.0),
-        tenants=parse_tenants(TENANTS, [g.name for g in cluster.gpu_types()]),
-        decision_wait_s=5.0,
-    )
+    config = simulated_service(f"sqlite:///{tmp_path / 'jobs.db'}", 1.0, TENANTS, decision_wait_s=5.0)
     with TestClient(create_app(config)) as http:
         seen: list[Target] = []
 
@@ -225,14 +216,8 @@ def test_the_client_over_http_follows_a_job_of_a_live_server_to_its_end(
 
     monkeypatch.setenv("FRENZY_CONFIG", str(tmp_path / "absent.yaml"))
     monkeypatch.delenv("FRENZY_TOKEN", raising=False)
-    cluster = load_cluster_ref("paper-3type")
-    config = ServiceConfig(
-        cluster=cluster,
-        db_url=f"sqlite:///{tmp_path / 'jobs.db'}",
-        executor=SimulatedExecutor(time_scale=1e6),  # LONG runs for a few wall seconds
-        time_scale=1e6,
-        decision_wait_s=5.0,
-    )
+    # A million cluster seconds per wall second: LONG runs for a few wall seconds.
+    config = simulated_service(f"sqlite:///{tmp_path / 'jobs.db'}", 1e6, decision_wait_s=5.0)
     with background_server(config) as url:
         monkeypatch.setenv("FRENZY_SERVER", url)
         code, out, _ = _run(capsys, "submit", _job_file(tmp_path, LONG, "live"), "--json")

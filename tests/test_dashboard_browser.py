@@ -14,12 +14,9 @@ from typing import Any
 
 import httpx
 import pytest
+from factories import simulated_service
 
-from frenzy_opt.api.app import ServiceConfig
-from frenzy_opt.api.auth import parse_tenants
 from frenzy_opt.api.server import background_server
-from frenzy_opt.launch.executors.simulated import SimulatedExecutor
-from frenzy_opt.planning.scenario import load_cluster_ref
 
 pytestmark = pytest.mark.slow
 sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (the dev extra has it)")
@@ -40,14 +37,7 @@ WAIT_MS = 60_000
 
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    cluster = load_cluster_ref("paper-3type")
-    config = ServiceConfig(
-        cluster=cluster,
-        db_url=f"sqlite:///{tmp_path_factory.mktemp('ui') / 'jobs.db'}",
-        executor=SimulatedExecutor(time_scale=10.0),
-        tenants=parse_tenants(TENANTS, [g.name for g in cluster.gpu_types()]),
-        time_scale=10.0,
-    )
+    config = simulated_service(f"sqlite:///{tmp_path_factory.mktemp('ui') / 'jobs.db'}", 10.0, TENANTS)
     with background_server(config) as url:
         yield url
 

@@ -13,16 +13,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from factories import simulated_service
 from fastapi.testclient import TestClient
 
-from frenzy_opt.api.app import ServiceConfig, create_app
-from frenzy_opt.api.auth import parse_tenants
+from frenzy_opt.api.app import create_app
 from frenzy_opt.api.plansearch import Throttled
 from frenzy_opt.api.schemas import STATES
 from frenzy_opt.core.enums import JobState
 from frenzy_opt.core.spec import parse_job
-from frenzy_opt.launch.executors.simulated import SimulatedExecutor
-from frenzy_opt.planning.scenario import load_cluster_ref
 
 A, B, ADMIN = "token-team-a", "token-team-b", "token-admin-1"
 TENANTS = {
@@ -38,15 +36,8 @@ LONG = {"model": "llama3-8b", "training": {"seq_len": 4096, "global_batch_size":
 
 
 def _client(tmp_path: Path, time_scale: float, tenants: dict[str, Any] | None = TENANTS, **settings: Any) -> TestClient:
-    cluster = load_cluster_ref("paper-3type")
-    config = ServiceConfig(
-        cluster=cluster,
-        db_url=f"sqlite:///{tmp_path / 'jobs.db'}",
-        executor=SimulatedExecutor(time_scale=time_scale),
-        tenants=parse_tenants(tenants or {}, [g.name for g in cluster.gpu_types()]),
-        time_scale=time_scale,
-        decision_wait_s=5.0,
-        **settings,
+    config = simulated_service(
+        f"sqlite:///{tmp_path / 'jobs.db'}", time_scale, tenants, decision_wait_s=5.0, **settings
     )
     return TestClient(create_app(config))
 
@@ -246,7 +237,7 @@ def test_plans_dry_run_lists_ranked_plans_and_stores_nothing(fast: TestClient) -
 
 def test_plan_searches_are_cached_by_what_changes_them_and_bounded(tmp_path: Path) -> None:
     with _client(tmp_path, 1e9, plan_cache_bytes=120_000, plans_burst=1000) as client:
-        searches = client.app.state.searches  # type: ignore[attr-defined]
+        searches = client.app.state.service.searches  # type: ignore[attr-defined]
         first = None
         for steps in range(1, 101):  # 100 distinct requests that differ only in their step count
             body = {**LONG, "name": f"run-{steps}", "training": {**LONG["training"], "train_steps": steps}}
@@ -292,7 +283,7 @@ def test_plan_searches_run_at_most_n_at_once_per_tenant(tmp_path: Path) -> None:
         return message
 
     with _client(tmp_path, 1e9, plan_searches_per_tenant=1) as client:
-        message = asyncio.run(two_at_once(client.app.state.searches))  # type: ignore[attr-defined]
+        message = asyncio.run(two_at_once(client.app.state.service.searches))  # type: ignore[attr-defined]
         assert "already has 1 plan searches running" in message
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from factories import simulated_service
 from fastapi.testclient import TestClient
 from sqlalchemy import event, text
 
@@ -27,7 +28,6 @@ from frenzy_opt.api.app import ServiceConfig, create_app
 from frenzy_opt.api.auth import parse_tenants
 from frenzy_opt.api.server import serve
 from frenzy_opt.launch.executors.simulated import SimulatedExecutor
-from frenzy_opt.planning.scenario import load_cluster_ref
 from frenzy_opt.service.store import Store, StoreCorrupt, StoreInUse, sqlite_path
 
 SMALL = {"model": "gpt3-125m", "training": {"seq_len": 1024, "global_batch_size": 32, "train_steps": 50}}
@@ -36,14 +36,7 @@ BUSY_S = 0.3
 
 
 def _config(db_url: str, time_scale: float = 1e9) -> ServiceConfig:
-    return ServiceConfig(
-        cluster=load_cluster_ref("paper-3type"),
-        db_url=db_url,
-        executor=SimulatedExecutor(time_scale=time_scale),
-        time_scale=time_scale,
-        decision_wait_s=5.0,
-        busy_timeout_s=BUSY_S,
-    )
+    return simulated_service(db_url, time_scale, decision_wait_s=5.0, busy_timeout_s=BUSY_S)
 
 
 @contextmanager
@@ -124,7 +117,7 @@ def test_a_write_lock_held_past_the_busy_timeout_is_survived(db_url: str) -> Non
     with _service(db_url, time_scale=1.0) as client:
         running = client.post("/v1/jobs", json=LONG).json()
         assert running["state"] == "running"
-        orchestrator = client.app.state.orchestrator  # type: ignore[attr-defined]
+        orchestrator = client.app.state.service.orchestrator  # type: ignore[attr-defined]
         with _write_lock(db_url):
             refused = client.post("/v1/jobs", json=SMALL)
             assert _is_503(refused), refused.text
@@ -167,7 +160,7 @@ def _full_disk(store: Store) -> threading.Event:
 
 def test_a_full_disk_is_survived_and_nothing_is_lost(db_url: str) -> None:
     with _service(db_url) as client:
-        full = _full_disk(client.app.state.store)  # type: ignore[attr-defined]
+        full = _full_disk(client.app.state.service.store)  # type: ignore[attr-defined]
         first = client.post("/v1/jobs", json=SMALL).json()
         full.set()
         refused = client.post("/v1/jobs", json=SMALL)
@@ -182,8 +175,8 @@ def test_a_full_disk_is_survived_and_nothing_is_lost(db_url: str) -> None:
 
 def test_the_loop_survives_a_full_disk_while_it_writes(db_url: str) -> None:
     with _service(db_url, time_scale=1.0) as client:
-        orchestrator = client.app.state.orchestrator  # type: ignore[attr-defined]
-        full = _full_disk(client.app.state.store)  # type: ignore[attr-defined]
+        orchestrator = client.app.state.service.orchestrator  # type: ignore[attr-defined]
+        full = _full_disk(client.app.state.service.store)  # type: ignore[attr-defined]
         job = client.post("/v1/jobs", json=LONG).json()
         full.set()
         orchestrator.cancel(job["id"])  # an event whose write fails
