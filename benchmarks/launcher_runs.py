@@ -70,6 +70,12 @@ def main() -> None:
             print(name, out["state"], out["loss_first"], out["loss_last"], flush=True)
     model, report = recalibrate(samples, DEFAULT_STEP_MODEL)
     entry = report.get("CPU-SLOT@fp32", {})
+    # Leave one run out: each run predicted by the efficiency refitted on the other runs.
+    held_out = []
+    for i, sample in enumerate(samples):
+        others, _ = recalibrate(samples[:i] + samples[i + 1 :], DEFAULT_STEP_MODEL)
+        held_out.append(abs(predicted_step_s(sample, others) / sample.step_time_s - 1))
+    cv_error = sum(held_out) / len(held_out) if held_out else float("nan")
     errors = {e["job"]: e["error"] for e in memory_errors(samples)}
     lines = [
         "# Real runs on CPU slots: measured vs predicted",
@@ -78,21 +84,22 @@ def main() -> None:
         f"Took {time.perf_counter() - started:.0f} s.",
         "",
         f"Job: a {MODEL['num_layers']}-layer decoder (hidden {MODEL['hidden_size']}, vocab {MODEL['vocab_size']}), "
-        f"sequence {TRAINING['seq_len']}, global batch {TRAINING['global_batch_size']}, micro-batch 2 (as planned), "
-        "fp32, 20 steps, `frenzy launch` on `local-4slot` (torchrun, gloo). Memory error = MARP peak allocated / "
-        "measured max over ranks - 1 (MemTracker only). Step time: median of steps 2-20; predicted by the default "
-        "model and by the model refitted on all these runs.",
+        f"sequence {TRAINING['seq_len']}, global batch {TRAINING['global_batch_size']}, "
+        "the micro-batch (mb) as planned, fp32, 20 steps, `frenzy launch` on `local-4slot` (torchrun, gloo). "
+        "Memory error = MARP peak allocated / measured max over ranks - 1 (MemTracker only). Step time: median of "
+        "steps 2-20; predicted by the default model and by the model refitted on all these runs.",
         "",
-        "| mode | state | loss first -> last | measured peak (max rank) | source | MARP peak allocated | memory error "
-        "| measured step s | predicted s (default) | predicted s (refit) |",
-        "|---|---|---|---:|---|---:|---:|---:|---:|---:|",
+        "| mode | mb | state | loss first -> last | measured peak (max rank) | source | MARP peak allocated "
+        "| memory error | measured step s | predicted s (default) | predicted s (refit) |",
+        "|---|---:|---|---|---:|---|---:|---:|---:|---:|---:|",
     ]
     for name, out, sample, peak in rows:
         default = predicted_step_s(sample, DEFAULT_STEP_MODEL) if sample else None
         refit = predicted_step_s(sample, model) if sample else None
         err = errors.get(name)
         lines.append(
-            f"| {name} | {out['state']} | {out['loss_first']:.3f} -> {out['loss_last']:.3f} | {peak / 2**20:.2f} MiB "
+            f"| {name} | {out['plan']['micro_batch_size']} | {out['state']} "
+            f"| {out['loss_first']:.3f} -> {out['loss_last']:.3f} | {peak / 2**20:.2f} MiB "
             f"| {out['measured']['memory_source']} | {out['predicted']['peak_allocated_bytes'] / 2**20:.2f} MiB "
             f"| {'-' if err is None else f'{err:+.1%}'} | {out['measured']['step_time_s']:.4f} "
             f"| {default or 0:.5f} | {refit or 0:.4f} |"
@@ -102,7 +109,8 @@ def main() -> None:
         f"Closed loop, CPU-SLOT@fp32: efficiency {entry.get('efficiency_before', 0):.4g} -> "
         f"{entry.get('efficiency_after', 0):.4g}; mean relative step-time error "
         f"{entry.get('step_time_error_before', 0):.1%} -> {entry.get('step_time_error_after', 0):.1%} "
-        f"over {entry.get('samples', 0)} runs.",
+        f"over {entry.get('samples', 0)} runs (in sample); {cv_error:.1%} with each run left out of the refit "
+        "that predicts it.",
         "",
     ]
     Path(args.out).write_text("\n".join(lines), encoding="utf-8")
