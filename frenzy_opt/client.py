@@ -265,7 +265,9 @@ def cmd_jobs(args: argparse.Namespace) -> int:
     jobs = _client(args).jobs(args.state)
     if not args.all and not args.state:
         jobs = [j for j in jobs if j["state"] in ACTIVE_STATES]
-    _print(args, {"jobs": jobs}, lambda p: jobs_table(p["jobs"]))
+    # ``items`` and ``total`` as GET /v1/jobs answers (contract 3); ``jobs``, the same list, as the first
+    # version of this command printed it.
+    _print(args, {"items": jobs, "total": len(jobs), "jobs": jobs}, lambda p: jobs_table(p["items"]))
     return 0
 
 

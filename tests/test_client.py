@@ -74,12 +74,12 @@ def test_submit_jobs_status_cancel(service: TestClient, tmp_path: Path, capsys: 
     code, out, _ = _run(capsys, "cancel", job["id"], *auth, "--json")
     assert code == 0 and json.loads(out)["state"] == "cancelled"
     # A finished job leaves the default listing (the queue and running jobs) and stays under --all.
-    assert _run(capsys, "jobs", *auth, "--json")[1] and json.loads(_run(capsys, "jobs", *auth, "--json")[1]) == {
-        "jobs": []
-    }
-    everything = json.loads(_run(capsys, "jobs", *auth, "--all", "--json")[1])["jobs"]
+    assert json.loads(_run(capsys, "jobs", *auth, "--json")[1]) == {"items": [], "total": 0, "jobs": []}
+    listed = json.loads(_run(capsys, "jobs", *auth, "--all", "--json")[1])
+    everything = listed["items"]  # contract 3: `items` as GET /v1/jobs
+    assert listed["jobs"] == everything and listed["total"] == len(everything)
     assert [j["id"] for j in everything] == [job["id"]]
-    cancelled = json.loads(_run(capsys, "jobs", *auth, "--state", "cancelled", "--json")[1])["jobs"]
+    cancelled = json.loads(_run(capsys, "jobs", *auth, "--state", "cancelled", "--json")[1])["items"]
     assert [j["state"] for j in cancelled] == ["cancelled"]
 
 
@@ -105,8 +105,8 @@ def test_the_tenant_sees_only_its_own_jobs(
 ) -> None:
     _run(capsys, "submit", _job_file(tmp_path, SMALL, "mine"), "--token", TOKEN_A)
     _run(capsys, "submit", _job_file(tmp_path, SMALL, "theirs"), "--token", TOKEN_ADMIN)
-    mine = json.loads(_run(capsys, "jobs", "--all", "--json", "--token", TOKEN_A)[1])["jobs"]
-    every = json.loads(_run(capsys, "jobs", "--all", "--json", "--token", TOKEN_ADMIN)[1])["jobs"]
+    mine = json.loads(_run(capsys, "jobs", "--all", "--json", "--token", TOKEN_A)[1])["items"]
+    every = json.loads(_run(capsys, "jobs", "--all", "--json", "--token", TOKEN_ADMIN)[1])["items"]
     assert [j["name"] for j in mine] == ["mine"]
     assert sorted(j["name"] for j in every) == ["mine", "theirs"]
 
