@@ -49,6 +49,9 @@ class ServiceConfig:
     calibration: str | None = None
     """A step-time calibration profile (:mod:`frenzy_opt.prediction.calibrations`): plans use it, the closed loop
     writes into it."""
+    create_store: bool = True
+    """Create the store when it does not exist; ``frenzy serve`` asks for it with ``--create`` only, so a
+    volume that is not mounted is refused rather than replaced by an empty store."""
     busy_timeout_s: float = BUSY_TIMEOUT_S
     """How long a store write waits for another connection's lock (:data:`frenzy_opt.service.store.BUSY_TIMEOUT_S`)."""
     plan_workers: int = 1
@@ -64,7 +67,7 @@ class ServiceConfig:
 
 def create_app(config: ServiceConfig) -> FastAPI:
     """The FastAPI application of one service: its store, orchestrator and metrics start with it."""
-    store = Store(config.db_url, busy_timeout_s=config.busy_timeout_s)
+    store = Store(config.db_url, busy_timeout_s=config.busy_timeout_s, create=config.create_store)
     metrics = Metrics()
     orchestrator = Orchestrator(
         store,
@@ -120,12 +123,15 @@ def _add_error_handlers(app: FastAPI, metrics: Metrics) -> None:
     async def value_error(_: Request, err: ValueError) -> JSONResponse:  # a bad value that slipped past the schema
         return JSONResponse(status_code=422, content={"detail": [{"loc": ["body"], "msg": str(err)}]})
 
-    async def store_fault(_: Request, err: Exception) -> JSONResponse:
+    async def store_fault(request: Request, err: Exception) -> JSONResponse:
         if not is_store_fault(err):
             log.exception("request failed", exc_info=err)
             return JSONResponse(status_code=500, content={"detail": f"internal error: {err.__class__.__name__}"})
         metrics.unavailable.inc()
-        refusal = unavailable(describe_fault(err))
+        service: Service = request.app.state.service
+        permanent = service.permanent()
+        reason = service.orchestrator.store_fault if permanent else None
+        refusal = unavailable(reason or describe_fault(err), permanent=permanent)
         return JSONResponse(
             status_code=refusal.status_code, content={"detail": refusal.detail}, headers=refusal.headers
         )

@@ -9,7 +9,7 @@ request model checks types and ranges; :func:`frenzy_opt.core.spec.parse_job` th
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -97,7 +97,9 @@ class JobIn(_Strict):
     """A training job (contract 1). No hardware: the scheduler chooses it."""
 
     name: str | None = Field(default=None, max_length=200)
-    model: str | ArchitectureIn = Field(description="a catalogue name (see `frenzy catalog models`) or an architecture")
+    model: Annotated[str, Field(min_length=1, max_length=200)] | ArchitectureIn = Field(
+        description="a catalogue name (see `frenzy catalog models`) or an architecture"
+    )
     training: TrainingIn = Field(default_factory=TrainingIn)
     parallel: ParallelIn | None = None
     scheduling: SchedulingIn | None = None
@@ -156,6 +158,11 @@ class JobOut(BaseModel):
     state: str
     reason: str
     attempts: int
+    """Attempts launched, of any kind."""
+    failures: int = 0
+    """Attempts that failed on their own; the job fails for good past ``max_retries`` of them."""
+    moves: int = 0
+    """Attempts the scheduler stopped or lost (preempted, grown, lost to a restart of the service)."""
     max_retries: int
     created_at: float
     updated_at: float

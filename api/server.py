@@ -28,7 +28,7 @@ from frenzy_opt.hardware.cluster import ClusterSpec
 from frenzy_opt.launch.executors import make_executor
 from frenzy_opt.planning.scenario import Scenario
 from frenzy_opt.prediction.calibrations import CalibrationStore, check_name
-from frenzy_opt.service.store import StoreCorrupt, StoreInUse
+from frenzy_opt.service.store import StoreRefused
 
 DEFAULT_DB = "sqlite:///frenzy-opt.db"
 KEEP_ALIVE_S = 30
@@ -46,6 +46,7 @@ def build_config(
     decision_wait_s: float = 0.25,
     workdir: str = "frenzy-runs",
     calibration: str | None = None,
+    create: bool = True,
 ) -> ServiceConfig:
     if not time_scale > 0:
         raise ValueError(f"--time-scale must be > 0, got {time_scale}")
@@ -64,6 +65,7 @@ def build_config(
         time_scale=time_scale,
         decision_wait_s=decision_wait_s,
         calibration=calibration,
+        create_store=create,
     )
 
 
@@ -73,7 +75,7 @@ def serve(config: ServiceConfig, host: str, port: int) -> None:
     try:
         app = create_app(config)
         app.state.service.store.acquire_writer()
-    except (StoreCorrupt, StoreInUse) as err:
+    except StoreRefused as err:
         raise SystemExit(f"frenzy serve: {err}") from None
     # The scheduler's decisions and warnings go to stderr at INFO next to uvicorn's access log.
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

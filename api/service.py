@@ -53,11 +53,16 @@ class Service:
     feasibility_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def writable(self) -> None:
-        """503 unless the store takes writes."""
-        reason = self.orchestrator.store_fault or self.store.file_problem()  # a query per request: 0.3 ms
+        """503 unless the store takes writes (no query: the store's and the loop's last word, and the file's
+        identity)."""
+        reason = self.orchestrator.store_fault or self.store.file_problem()
         if reason is not None:
             self.metrics.unavailable.inc()
-            raise unavailable(reason)
+            raise unavailable(reason, permanent=self.permanent())
+
+    def permanent(self) -> bool:
+        """Whether the store's fault is one no retry clears (a damaged database, another server took over)."""
+        return self.store.broken is not None or self.orchestrator.stepped_down is not None
 
     def principal_of(self, authorization: str | None) -> Principal:
         principal = self.config.tenants.authenticate(authorization)
@@ -151,7 +156,11 @@ class Decided:
             self.future.set_result(None)
 
 
-def unavailable(reason: str) -> HTTPException:
+def unavailable(reason: str, *, permanent: bool = False) -> HTTPException:
+    """503: with ``Retry-After`` for a fault that clears by itself; without it, and saying what to do, for one
+    that needs an operator."""
+    if permanent:
+        return HTTPException(503, f"the job store cannot serve ({reason})")
     return HTTPException(
         503,
         f"the job store cannot serve now ({reason}); retry later",
@@ -176,6 +185,8 @@ def job_out(
         state=record.state,
         reason=reason if reason is not None and record.state == "queued" else record.reason,
         attempts=record.attempts,
+        failures=record.failures,
+        moves=record.moves,
         max_retries=record.max_retries,
         created_at=record.created_at,
         updated_at=record.updated_at,

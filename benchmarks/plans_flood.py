@@ -120,7 +120,7 @@ def main() -> None:
     parser.add_argument("--out", default="benchmarks/results/plans_flood.md")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="frenzy-flood-") as tmp:
-        serve = ["--db", str(Path(tmp) / "flood.db"), "--cluster", args.cluster, "--time-scale", "100000"]
+        serve = ["--db", str(Path(tmp) / "flood.db"), "--create", "--cluster", args.cluster, "--time-scale", "100000"]
         with serve_process(serve, cwd=ROOT, timeout_s=120) as (url, server):
             httpx.post(f"{url}/v1/jobs", json=JOB, timeout=300)  # the submission's plan search, not counted
             result = asyncio.run(_run(url, args.plans, args.flood_concurrency, server.pid))

@@ -70,7 +70,7 @@ def run_once(jobs: int, concurrency: int, time_scale: float, decision_wait_s: fl
     """One fresh server, ``jobs`` submissions at ``concurrency``; the table row, the states seen, the p99."""
     with tempfile.TemporaryDirectory(prefix="frenzy-load-") as tmp:
         db = f"sqlite:///{Path(tmp) / 'load.db'}"
-        args = ["--db", db, "--time-scale", str(time_scale), "--decision-wait-s", str(decision_wait_s)]
+        args = ["--db", db, "--create", "--time-scale", str(time_scale), "--decision-wait-s", str(decision_wait_s)]
         with serve_process(args, cwd=ROOT) as (url, _):
             with httpx.Client(base_url=url, timeout=60) as client:
                 for spec in SPECS:  # warm the plan cache (a first search takes ~0.3 s); not counted

@@ -1057,6 +1057,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         decision_wait_s=args.decision_wait_s,
         workdir=args.workdir,
         calibration=args.calibration,
+        create=args.create,
     )
     serve(config, args.host, args.port)
     return 0
@@ -1247,6 +1248,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--db",
         default="sqlite:///frenzy-opt.db",
         help="SQLAlchemy URL or a SQLite file path (default: SQLite file frenzy-opt.db)",
+    )
+    p.add_argument(
+        "--create",
+        action="store_true",
+        help="create the job store if it does not exist (without it, a missing SQLite file or a database without "
+        "the tables is refused: a volume not mounted must not start an empty store)",
     )
     p.add_argument("--cluster", default="paper-3type", help="cluster file or shipped name (default paper-3type)")
     p.add_argument("--executor", default="simulated", help="simulated, local (torchrun) or ray (RAY_ADDRESS)")

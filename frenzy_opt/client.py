@@ -217,10 +217,16 @@ def jobs_table(jobs: list[dict[str, Any]]) -> str:
     return table(rows, ("ID", "NAME", "TENANT", "STATE", "GPUS", "WHERE"))
 
 
+def counters_text(job: dict[str, Any]) -> str:
+    """Attempts, failures against the retry limit, and moves (a server before them: attempts only)."""
+    failures, moves = job.get("failures", 0), job.get("moves", 0)
+    return f"attempts: {job['attempts']} (failures {failures}/{job['max_retries']} retries, moves {moves})"
+
+
 def status_text(job: dict[str, Any]) -> str:
     lines = [
         f"{job['id']}  {job['name']}  ({job['tenant']})",
-        f"state: {job['state']}  attempts: {job['attempts']}/{job['max_retries'] + 1}  gpus: {_gpus(job)}",
+        f"state: {job['state']}  {counters_text(job)}  gpus: {_gpus(job)}",
     ]
     if _where(job):
         lines.append(f"now: {_where(job)}")

@@ -14,11 +14,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from frenzy_opt.core.spec import parse_job
+from frenzy_opt.hardware.cluster import parse_cluster
 from frenzy_opt.hardware.topology import Topology
 from frenzy_opt.launch.executors import ExitInfo, Launch, OnExit
 from frenzy_opt.planning.problem import OptionCache
 from frenzy_opt.planning.scenario import load_cluster_ref
-from frenzy_opt.service.orchestrator import CancelRequested, Exited, Orchestrator, Submitted
+from frenzy_opt.service.orchestrator import CancelRequested, Exited, Orchestrator, Submitted, Tick
 from frenzy_opt.service.store import Store
 
 CLUSTER = load_cluster_ref("paper-3type")
@@ -194,7 +195,7 @@ def test_stale_exits_of_cancelled_attempts_are_ignored(tmp_path: Path) -> None:
     _check_ledger(orch)
 
 
-def test_recovery_keeps_live_runs_and_retries_lost_ones(tmp_path: Path) -> None:
+def test_recovery_keeps_live_runs_and_moves_lost_ones(tmp_path: Path) -> None:
     db = f"sqlite:///{tmp_path / 'recover.db'}"
     first = Orchestrator(Store(db), CLUSTER, FakeExecutor(), time_scale=1000.0, cache=CACHE)
     jobs = [_submit(first, SPECS[2]) for _ in range(4)]
@@ -206,7 +207,7 @@ def test_recovery_keeps_live_runs_and_retries_lost_ones(tmp_path: Path) -> None:
     survivors = FakeExecutor(alive={survivor})
     second = Orchestrator(Store(db), CLUSTER, survivors, time_scale=1000.0, cache=CACHE)
     counts = second.recover()
-    assert counts == {"queued": len(queued), "kept": 1, "retried": len(running) - 1, "failed": 0, "quarantined": 0}
+    assert counts == {"queued": len(queued), "kept": 1, "moved": len(running) - 1, "failed": 0, "quarantined": 0}
     assert set(second.running) == {survivor}
     assert [job for job, _ in survivors.adopted] == [survivor]  # the executor takes the live run over
     assert set(second.state.queue) == set(jobs) - {survivor}
@@ -214,6 +215,8 @@ def test_recovery_keeps_live_runs_and_retries_lost_ones(tmp_path: Path) -> None:
     for job in lost:
         details = [e.detail for e in second.store.events(job)]
         assert any("lost on restart" in d for d in details)
+        record = second.store.get(job)
+        assert record is not None and (record.moves, record.failures) == (1, 0)  # a move, not a failure
     _check_ledger(second)
 
 
@@ -276,3 +279,70 @@ def test_a_submission_cancelled_before_any_decision_is_answered_and_forgotten(tm
     assert done.result(timeout=1) == "cancelled"
     assert isinstance(waiter, threading.Event) and waiter.is_set()  # the submission does not wait it out
     assert record.id not in orch.jobs and record.id not in orch.state.queue
+
+
+ONE_NODE = parse_cluster(
+    {"name": "one-node", "node_groups": [{"gpu": "A100-SXM4-80GB", "num_nodes": 1, "gpus_per_node": 8}]}
+)
+LONG = {"model": "gpt3-1.3b", "training": {"seq_len": 2048, "global_batch_size": 64, "train_steps": 20000}}
+
+
+def _preemptible(db: str, alive: set[str] | None = None) -> tuple[Orchestrator, list[float]]:
+    """An orchestrator on one 8-GPU node whose executor resumes stopped attempts, on a clock the test moves."""
+    executor = FakeExecutor(alive)
+    executor.preemptible = True
+    orch = Orchestrator(Store(db), ONE_NODE, executor, preempt=True)
+    clock = [0.0]
+    orch.now = lambda: clock[0]  # type: ignore[method-assign]
+    return orch, clock
+
+
+def _preempt_once(orch: Orchestrator, clock: list[float], job: str) -> None:
+    """A short job arrives an hour later and the long one is stopped for it; the short one then ends."""
+    clock[0] += 3600
+    short = _submit(orch, SPECS[0])
+    assert job in orch.state.queue and short in orch.running, orch.store.events(job)[-1]
+    orch.process([Exited(short, orch.running[short].attempt, ExitInfo(ok=True))])
+    assert job in orch.running  # resumed
+
+
+def _fail(orch: Orchestrator, job: str) -> None:
+    orch.process([Exited(job, orch.running[job].attempt, ExitInfo(ok=False, cause="rank 3 exited with code 1"))])
+
+
+def test_moves_never_spend_the_retry_budget(tmp_path: Path) -> None:
+    """Issue 23: two preemptions, a restart of the service and one real failure; with one retry allowed, the
+    job still succeeds, and the three counters say what happened."""
+    db = f"sqlite:///{tmp_path / 'moves.db'}"
+    orch, clock = _preemptible(db)
+    job = _submit(orch, LONG, retries=1)
+    _preempt_once(orch, clock, job)
+    _preempt_once(orch, clock, job)
+    orch.store.close()
+    restarted, clock = _preemptible(db)  # the executor no longer runs it: lost on restart
+    assert restarted.recover()["moved"] == 1
+    restarted.process([Tick()])
+    _fail(restarted, job)
+    record = restarted.store.get(job)
+    assert record is not None and record.state == "running"  # one failure of one allowed: retried
+    restarted.process([Exited(job, restarted.running[job].attempt, ExitInfo(ok=True))])
+    record = restarted.store.get(job)
+    assert record is not None and record.state == "succeeded"
+    assert (record.attempts, record.failures, record.moves) == (5, 1, 3)
+    details = [e.detail for e in restarted.store.events(job)]
+    assert sum("stopped for a shorter job" in d for d in details) == 2
+    assert any("lost on restart" in d for d in details) and any("retry 1 of 1" in d for d in details)
+
+
+def test_a_job_fails_after_max_retries_plus_one_real_failures_moves_or_not(tmp_path: Path) -> None:
+    orch, clock = _preemptible(f"sqlite:///{tmp_path / 'fails.db'}")
+    job = _submit(orch, LONG, retries=2)
+    for failure in range(1, 4):
+        _preempt_once(orch, clock, job)  # a move between failures changes nothing
+        _fail(orch, job)
+        record = orch.store.get(job)
+        assert record is not None and record.failures == failure
+        assert record.state == ("failed" if failure == 3 else "running")
+    assert record.moves == 3 and record.attempts == 6
+    assert "3 failures, retry limit 2 reached" in orch.store.events(job)[-1].detail
+    _check_ledger(orch)

@@ -42,8 +42,11 @@ def test_a_real_uvicorn_server_on_loopback(tmp_path: Path) -> None:
         )
 
 
-def _serve(db: str, port: int, time_scale: float, stderr: Any = subprocess.DEVNULL) -> subprocess.Popen[bytes]:
+def _serve(
+    db: str, port: int, time_scale: float, stderr: Any = subprocess.DEVNULL, *, create: bool = True
+) -> subprocess.Popen[bytes]:
     command = [sys.executable, "-m", "frenzy_opt.cli", "serve", "--port", str(port), "--db", db]
+    command += ["--create"] if create else []
     command += ["--time-scale", str(time_scale)]
     return subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=stderr)
 
@@ -91,7 +94,7 @@ def test_kill_minus_9_mid_schedule_then_restart_finds_every_job_exactly_once(db_
     finally:
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
-    proc = _serve(db, port, time_scale=20000.0)
+    proc = _serve(db, port, time_scale=20000.0, create=False)  # the store exists: no --create
     try:
         _wait_up(url, proc)
         with httpx.Client(base_url=url, timeout=30) as client:

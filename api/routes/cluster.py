@@ -54,9 +54,12 @@ def timeline(service: Svc, who: Who, since: Since = 0.0) -> dict[str, Any]:
 @router.get("/calibration")
 def calibration(service: Svc, who: Who) -> dict[str, Any]:
     """The closed loop: step-time efficiencies refitted from measured runs (per GPU@precision, with the
-    prediction error before and after) and measured vs predicted peak memory of recent runs."""
+    prediction error before and after; aggregates, no job named) and measured vs predicted peak memory of
+    recent runs: yours (an admin: everyone's)."""
     snapshot = service.orchestrator.calibration_snapshot()
     samples = snapshot["samples"]
+    if not who.admin:
+        samples = [s for s in samples if snapshot["tenants"].get(s.job_id) == who.tenant]
     return {
         "efficiency": snapshot["efficiency"],
         "report": snapshot["report"],

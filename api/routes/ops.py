@@ -16,12 +16,16 @@ router = APIRouter(tags=["operations"])
 
 @router.get("/healthz", responses={503: {"description": "the store or the scheduler cannot serve; see detail"}})
 def healthz(service: Svc) -> dict[str, Any]:
-    """Health: the store answers and takes writes (its file is still the one opened), and the
-    orchestrator's loop is alive."""
+    """Health: the store answers and takes writes (its file is still the one opened, no store call failed
+    since the last successful write probe, no write has waited too long for a lock, it is not damaged and
+    this server still holds it), and the orchestrator's loop is alive. 503 with the reason otherwise, with
+    ``Retry-After`` only when the fault clears by itself."""
     orchestrator = service.orchestrator
-    reason = service.store.health() or (None if orchestrator.alive() else "the orchestrator loop is not running")
-    reason = reason or orchestrator.store_fault
+    reason = service.store.health() or orchestrator.store_fault
+    reason = reason or (None if orchestrator.alive() else "the orchestrator loop is not running")
     if reason is not None:
+        if service.permanent():  # no retry clears it: no Retry-After
+            raise HTTPException(503, orchestrator.store_fault or reason)
         raise HTTPException(503, reason, headers={"Retry-After": str(RETRY_AFTER_S)})
     config = service.config
     return {"status": "ok", "executor": config.executor.name, "cluster": config.cluster.name, "time": time.time()}

@@ -20,7 +20,13 @@ router = APIRouter(prefix="/v1", tags=["plans"])
 @router.post(
     "/plans",
     response_model=PlansOut,
-    responses={401: {}, 422: {}, 429: {"description": "over the tenant's plan-search limits; see Retry-After"}},
+    responses={
+        400: {"description": "the body is not JSON"},
+        401: {},
+        413: {},
+        422: {"description": "invalid spec, or no GPU type can hold the job"},
+        429: {"description": "over the tenant's plan-search limits; see Retry-After"},
+    },
 )
 async def plans(body: JobIn, service: Svc, who: Who, top: Top = 10) -> PlansOut:
     """A dry run: the memory-feasible plans of a job on this cluster, fastest first. Nothing is stored."""

@@ -180,8 +180,8 @@ async function overview() {
 async function jobPage(id) {
   const job = await api(`/v1/jobs/${encodeURIComponent(id)}`);
   $("job-title").textContent = `${job.name} (${job.id})`;
-  $("job-summary").textContent = `${job.state}; tenant ${job.tenant}; attempt ${job.attempts} of `
-    + `${job.max_retries + 1}; ${job.reason || ""}`;
+  $("job-summary").textContent = `${job.state}; tenant ${job.tenant}; ${job.attempts} attempts `
+    + `(failures ${job.failures} of ${job.max_retries} retries, moves ${job.moves}); ${job.reason || ""}`;
   $("job-summary").dataset.state = job.state;
   const plan = job.plan || {};
   fill("job-plan", Object.entries({ gpu_type: plan.gpu_type, num_gpus: plan.num_gpus, ...(plan.parallel || {}) })

@@ -1,7 +1,12 @@
 """The orchestrator: one background loop that owns the GPU ledger and every job's state machine.
 
     queued -> scheduled -> running -> succeeded | failed | cancelled
-    failed -> queued (retry, while attempts <= max_retries)
+    failed -> queued (retry, while failures <= max_retries)
+    running -> queued (a move: preempted, grown or shrunk, lost to a restart of the service)
+
+Three counters per job: ``attempts`` (launches of any kind), ``failures`` (attempts that failed on their own: a
+rank's non-zero exit, a node failure under it; only these count against ``max_retries``) and ``moves`` (attempts
+the scheduler stopped or lost; they never end a job).
 
 Everything that changes state arrives as an event on one queue — a job accepted, an attempt ended (from
 the executor's thread), a cancel request, a stop — and the loop handles a batch of them, then runs one
@@ -16,8 +21,8 @@ the decision (:class:`Quotas`, the greedy's admission hook): a job over its tena
 reason.
 
 Recovery (:meth:`Orchestrator.start`): queued jobs are queued again in acceptance order; scheduled and
-running ones the executor still runs keep their GPUs; the others failed with the node or process and are
-retried (or fail for good past their retry limit).
+running ones the executor still runs keep their GPUs; the others were lost with the service's process and
+are queued again as a move.
 
 Faults (:mod:`frenzy_opt.service.store`): the loop never dies of one. A batch whose state changes the store cannot
 write (a lock held past the busy timeout, a full disk, a deleted file, a database server gone) is kept, with
@@ -25,7 +30,10 @@ its launches held back, and written again with exponential back-off until the st
 :attr:`Orchestrator.store_fault` says why (the API answers 503 with ``Retry-After``) and new events wait in
 the queue. An event whose handling raises is logged and its job failed with the reason, not the loop. At
 start the service takes the store's writer lock before it recovers, and recovery quarantines rows it cannot
-run (a model no longer in the catalogue, unreadable JSON, a node the cluster lacks) as failed with the reason.
+run (a model no longer in the catalogue, unreadable JSON, a node the cluster lacks, a state this version does not
+know) as failed with the reason. A store that breaks for good because another server took it over (fenced,
+:mod:`frenzy_opt.service.writer`) makes the loop step down: it cancels its runs, writes nothing more and stops;
+``/healthz`` says why.
 
 Cluster time is wall time since start x ``time_scale`` (the simulated executor's scale), so predicted
 durations and the scheduler's clock agree.
@@ -62,7 +70,7 @@ from frenzy_opt.planning.problem import (
 from frenzy_opt.prediction.calibrations import CalibrationStore
 from frenzy_opt.prediction.closedloop import Sample, recalibrate, sample_of
 from frenzy_opt.service.accounting import placement_detail
-from frenzy_opt.service.store import JobRecord, Store, describe_fault, is_store_fault
+from frenzy_opt.service.store import JobRecord, Store, StoreFenced, describe_fault, is_store_fault
 from frenzy_opt.simulation.simulator import restart_cost_s
 from frenzy_opt.solvers.greedy import GreedyState
 
@@ -188,7 +196,14 @@ class Stop:
     pass
 
 
-Event = Submitted | Exited | CancelRequested | Tick | Stop
+@dataclass(frozen=True, slots=True)
+class Broken:
+    """The store broke for good (from the store's watch thread)."""
+
+    reason: str
+
+
+Event = Submitted | Exited | CancelRequested | Tick | Stop | Broken
 
 
 ESTIMATED_JOBS = 500
@@ -230,6 +245,11 @@ class Job:
     submitted_s: float
     """When it was first queued here (its deadline counts from then)."""
     attempts: int
+    """Launches of any kind."""
+    failures: int = 0
+    """Attempts that failed on their own (bounded by ``max_retries``)."""
+    moves: int = 0
+    """Attempts the scheduler stopped or lost (never end the job)."""
     steps_left: int | None = None
     """Training steps still to run; None: the spec's (fewer after a preemption)."""
     run: Run | None = None
@@ -296,6 +316,8 @@ class Orchestrator:
             cluster, self.topology, plan_filter=self._plan_filter, step_model=self.step_model
         )
         self.samples: list[Sample] = []
+        self.sample_tenants: dict[str, str] = {}
+        """The tenant of each measured sample's job (``/v1/calibration`` shows a tenant only its own)."""
         self.calibration_report: dict[str, dict[str, Any]] = store.calibration()
         self.preempt = executor.preemptible if preempt is None else preempt
         """Whether the HAS may stop running jobs for shorter ones (:meth:`GreedyState.review`): only with an
@@ -320,11 +342,18 @@ class Orchestrator:
         self._lock = threading.RLock()
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
-        self.store_fault: str | None = None
-        """Why the store cannot take the loop's writes now (None while it can)."""
+        self._fault: str | None = None
+        """Why the store did not take the loop's last write (None once it did)."""
+        self.stepped_down: str | None = None
+        """Why the loop stopped for good (another server took the store over)."""
         self._t0 = time.monotonic()
 
     # --- clock and lifecycle --------------------------------------------------------------------------
+
+    @property
+    def store_fault(self) -> str | None:
+        """Why the store cannot take the loop's writes now (None while it can)."""
+        return self.stepped_down or self.store.broken or self._fault or self.store.fault
 
     def now(self) -> float:
         """Cluster seconds since start."""
@@ -336,6 +365,7 @@ class Orchestrator:
             return  # started already (e.g. by a harness, then by the app's lifespan)
         self._stopping.clear()  # an orchestrator stopped before may start again
         self.store.acquire_writer()
+        self.store.on_broken.append(lambda reason: self._events.put(Broken(reason)))
         self.recover()
         self._thread = threading.Thread(target=self._loop, name="frenzy-orchestrator", daemon=True)
         self._thread.start()
@@ -446,12 +476,13 @@ class Orchestrator:
 
     def calibration_snapshot(self) -> dict[str, Any]:
         """A consistent copy of the closed loop's state: the efficiencies planned with, the last refit's
-        report per ``GPU@precision`` and the measured samples."""
+        report per ``GPU@precision``, the measured samples and their jobs' tenants."""
         with self._lock:
             return {
                 "efficiency": dict(self.step_model.efficiency),
                 "report": dict(self.calibration_report),
                 "samples": list(self.samples),
+                "tenants": dict(self.sample_tenants),
             }
 
     def view(self) -> dict[str, Any]:
@@ -508,6 +539,9 @@ class Orchestrator:
     def process(self, batch: list[Event]) -> bool:
         """Handle a batch of events and run one decision; False once a stop event was seen. Public so that
         tests can drive the orchestrator without its thread."""
+        if self.store.fenced:
+            self._step_down(self.store.broken or "another server took the store over")
+            return False
         pending = _Pending()
         cancels = [e for e in batch if isinstance(e, CancelRequested)]
         keep_going = not any(isinstance(e, Stop) for e in batch)
@@ -556,6 +590,17 @@ class Orchestrator:
         self._fresh.discard(job_id)
         self._mark_decided(job_id)
 
+    def _step_down(self, reason: str) -> None:
+        """Another server holds the store now: stop every run this one started (the new holder relaunches
+        them as moves), write nothing more, stop the loop."""
+        log.error("orchestrator: stepping down: %s", reason)
+        self.stepped_down = reason
+        self._stopping.set()
+        with self._lock:
+            for job in self.jobs.values():
+                if job.run is not None:
+                    self.executor.cancel(job.id)
+
     def _drop(self, job_id: str, reason: str, pending: _Pending) -> None:
         """Take a job out of the queue and the ledger and fail it with the reason (quarantine)."""
         job = self.jobs.get(job_id)
@@ -575,17 +620,20 @@ class Orchestrator:
             except Exception as err:
                 if not is_store_fault(err):
                     raise
+                if self.store.fenced or isinstance(err, StoreFenced):
+                    self._step_down(self.store.broken or str(err))
+                    return False
                 reason = describe_fault(err)
-                if self.store_fault is None:
+                if self._fault is None:
                     log.error("store: cannot write %d state changes (%s); retrying", len(pending.transitions), reason)
-                self.store_fault = reason
+                self._fault = reason
                 if self._stopping.wait(delay):
                     return False
                 delay = min(delay * 2, RETRY_MAX_S)
                 continue
-            if self.store_fault is not None:
-                log.warning("store: writes again after: %s", self.store_fault)
-                self.store_fault = None
+            if self._fault is not None:
+                log.warning("store: the loop writes again after: %s", self._fault)
+                self._fault = None
             return True
 
     def _flush(self, pending: _Pending) -> None:
@@ -609,6 +657,8 @@ class Orchestrator:
                 weight=record.weight,
                 submitted_s=self.now(),
                 attempts=record.attempts,
+                failures=record.failures,
+                moves=record.moves,
             )
             self.jobs[record.id] = job
         self._queue(job, options, "queued: waiting for the next decision")
@@ -648,6 +698,7 @@ class Orchestrator:
         if sample is None or info.measured.get("source") == "simulated":
             return
         self.samples.append(sample)
+        self.sample_tenants[job.id] = job.tenant
         try:
             model, report = recalibrate([s for s in self.samples if s.key == sample.key], self.step_model)
         except ValueError:  # nothing the fitter can use (no measured run): keep the model
@@ -668,15 +719,27 @@ class Orchestrator:
         self.cache = OptionCache(self.cluster, self.topology, plan_filter=self._plan_filter, step_model=self.step_model)
 
     def _retry_or_fail(self, job: Job, cause: str, pending: _Pending) -> None:
-        attempts, limit = job.attempts, job.max_retries
-        if attempts <= limit:
-            pending.add(job.id, JobState.FAILED, f"attempt {attempts} failed: {cause}")
-            pending.add(job.id, JobState.QUEUED, f"retry {attempts} of {limit}")
+        """The attempt failed on its own: a failure, retried while failures <= max_retries."""
+        job.failures += 1
+        failures, limit = job.failures, job.max_retries
+        if failures <= limit:
+            pending.add(job.id, JobState.FAILED, f"attempt {job.attempts} failed: {cause}", failures=failures)
+            pending.add(job.id, JobState.QUEUED, f"retry {failures} of {limit}")
             job.steps_left = None  # a failed attempt starts over
-            self._queue(job, self.cache.options(job.spec), f"queued for retry {attempts} of {limit} after: {cause}")
+            self._queue(job, self.cache.options(job.spec), f"queued for retry {failures} of {limit} after: {cause}")
         else:
-            pending.add(job.id, JobState.FAILED, f"attempt {attempts} failed: {cause}; retry limit {limit} reached")
+            why = f"attempt {job.attempts} failed: {cause}; {failures} failures, retry limit {limit} reached"
+            pending.add(job.id, JobState.FAILED, why, failures=failures)
             self._end(job.id)
+
+    def _lost(self, job: Job, cause: str, pending: _Pending) -> None:
+        """The attempt was lost to the service, not to the job (a restart): a move; queued again, from the
+        start (its progress is unknown)."""
+        job.moves += 1
+        job.steps_left = None
+        why = f"moved: attempt {job.attempts} {cause}; queued again (move {job.moves})"
+        pending.add(job.id, JobState.QUEUED, why, moves=job.moves)
+        self._queue(job, self.cache.options(job.spec), f"queued again after a move: {cause}")
 
     def _cancel(self, job_id: str, pending: _Pending) -> None:
         job = self.jobs.get(job_id)
@@ -720,13 +783,16 @@ class Orchestrator:
             self.quotas.release(move.job)
             self.executor.cancel(move.job)
             job.steps_left = left
+            job.moves += 1
             if move.max_duration_s < math.inf:  # it grows: only the faster plans
                 options = tuple(o for o in options if o.duration_s < move.max_duration_s) or options
             why = "for a shorter job" if move.reason == "preempt" else "to grow into idle GPUs"
             pending.add(
                 move.job,
                 JobState.QUEUED,
-                f"stopped {why} after {before - left} of {before} steps; resumes from its checkpoint",
+                f"moved: stopped {why} after {before - left} of {before} steps; resumes from its checkpoint "
+                f"(move {job.moves})",
+                moves=job.moves,
             )
             self._queue(job, options, "queued: stopped, waiting to resume")
 
@@ -815,7 +881,7 @@ class Orchestrator:
         """Rebuild the queue and the ledger from the store (module docstring); counts per outcome."""
         pending = _Pending()
         alive = self.executor.running()
-        counts = {"queued": 0, "kept": 0, "retried": 0, "failed": 0, "quarantined": 0}
+        counts = {"queued": 0, "kept": 0, "moved": 0, "failed": 0, "quarantined": 0}
         with self._lock:
             for record in self.store.active():
                 try:
@@ -847,9 +913,8 @@ class Orchestrator:
             self._reattach(job, record)
             self.executor.adopt(record.id, record.attempts, self._on_exit)
             return "kept"
-        before = len(pending.transitions)
-        self._retry_or_fail(job, "lost on restart: the executor no longer runs it", pending)
-        return "retried" if len(pending.transitions) - before == 2 else "failed"
+        self._lost(job, "lost on restart: the executor no longer runs it", pending)
+        return "moved"
 
     def _reattach(self, job: Job, record: JobRecord) -> None:
         assert record.placement is not None and record.plan is not None

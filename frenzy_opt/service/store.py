@@ -11,18 +11,28 @@ requests in an earlier service).
 
 Faults are explicit:
 
-- **One writer.** A service takes the store's writer lock before it recovers (:meth:`Store.acquire_writer`):
-  an exclusive ``flock`` on ``<db>.lock`` for a SQLite file, a session-level advisory lock on PostgreSQL.
-  Both are released by the operating system or the server when the holder dies, so a ``kill -9`` never leaves
-  a stale lock, and a second ``frenzy serve`` on the same database fails with :class:`StoreInUse` before it
-  touches a row.
-- **Integrity.** At start a SQLite file must pass ``PRAGMA quick_check`` and hold the tables
-  (:class:`StoreCorrupt` otherwise); :meth:`Store.health` says when the file was deleted or replaced while
-  the service runs, and every write refuses to go on then (:class:`StoreUnavailable`), rather than writing
-  into an unlinked file or a fresh empty one.
-- **Busy and full.** One busy timeout (:data:`BUSY_TIMEOUT_S`, SQLite's ``busy_timeout`` and PostgreSQL's
-  ``lock_timeout``); a write that still fails raises one of :data:`STORE_FAULTS`, which the orchestrator retries
-  with back-off and the API answers with 503 and ``Retry-After``.
+- **One writer, fenced.** A service takes the store's writer lock before it recovers (:meth:`Store.acquire_writer`).
+  SQLite: an exclusive ``flock`` on the database file itself (its device and inode), so a symlink, a hard link
+  or a deleted sibling file cannot let a second server in; the operating system drops it when the holder
+  dies. PostgreSQL: a session advisory lock plus a lease row (``frenzy_writer``: a generation number taken at
+  start and renewed every :data:`HEARTBEAT_S`). Every write transaction checks the generation (``FOR SHARE``),
+  so a server whose lock session was dropped (a server restart, ``pg_terminate_backend``, an idle-session
+  kill) and that another server replaced can no longer write: it is fenced (:class:`StoreFenced`) and steps
+  down. A new server that finds the advisory lock free but the lease fresh waits for it to lapse
+  (:data:`LEASE_S`), so a live predecessor notices first. A second ``frenzy serve`` on a database another one
+  holds fails with :class:`StoreInUse` before it touches a row.
+- **Integrity and shape.** At start a SQLite file must pass ``PRAGMA quick_check`` (:class:`StoreCorrupt`), a
+  database with a ``jobs`` table of another shape is refused naming the columns (:class:`StoreSchema`; the
+  columns added since the first release are added), and a store that does not exist — a SQLite file missing,
+  as when a volume is not mounted, or a database without the tables — is refused unless the caller asks to
+  create it (:class:`StoreMissing`). :meth:`Store.health` says when the file was deleted or replaced while the
+  service runs, and every write refuses to go on then (:class:`StoreUnavailable`).
+- **Busy, full, broken.** One busy timeout (:data:`BUSY_TIMEOUT_S`, SQLite's ``busy_timeout`` and PostgreSQL's
+  ``lock_timeout``). A store call that fails with one of :data:`STORE_FAULTS` sets :attr:`Store.fault`: from
+  then on writes fail fast (:class:`StoreUnavailable`, the API's 503) until a background write probe succeeds
+  (every :data:`PROBE_INTERVAL_S`); a write that has waited longer than :data:`PROBE_TIMEOUT_S` for a lock sets
+  it too when :meth:`Store.health` looks. A malformed database page found while serving is permanent
+  (:attr:`Store.broken`): no probe clears it.
 - **Bad rows.** A row whose JSON cannot be read loads with the problem listed in :attr:`JobRecord.problems`
   (and the unreadable field empty) instead of raising, so one bad row cannot stop a listing or a start-up;
   the orchestrator quarantines such rows (fails them with the reason).
@@ -30,41 +40,59 @@ Faults are explicit:
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
 import os
 import threading
 import time
-import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
-    Float,
-    ForeignKey,
-    Index,
-    Integer,
-    String,
     Table,
-    Text,
-    UniqueConstraint,
     bindparam,
     create_engine,
     event,
     func,
     insert,
+    inspect,
+    not_,
     or_,
     select,
     update,
 )
 from sqlalchemy.engine import Connection, Engine, make_url
 from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+from sqlalchemy.orm import Session, sessionmaker
 
 from frenzy_opt.core.enums import ACTIVE_STATES, TERMINAL_STATES, JobState
+from frenzy_opt.service.schema import (
+    ADDED_COLUMNS,
+    Base,
+    CalibrationRow,
+    EventRow,
+    JobRow,
+    StoreCorrupt,
+    StoreFenced,
+    StoreInUse,
+    StoreMissing,
+    StoreRefused,
+    StoreSchema,
+    StoreUnavailable,
+)
+from frenzy_opt.service.writer import HEARTBEAT_S, WRITER, FileLock, Lease, ensure_row
+
+__all__ = [
+    "StoreCorrupt",
+    "StoreFenced",
+    "StoreInUse",
+    "StoreMissing",
+    "StoreRefused",
+    "StoreSchema",
+    "StoreUnavailable",
+]
 
 log = logging.getLogger(__name__)
 
@@ -72,22 +100,17 @@ BUSY_TIMEOUT_S = 30.0
 """How long a write waits for a lock held by another connection before it fails (SQLite's ``busy_timeout``,
 https://www.sqlite.org/c3ref/busy_timeout.html; PostgreSQL's ``lock_timeout``,
 https://www.postgresql.org/docs/15/runtime-config-client.html)."""
+PROBE_INTERVAL_S = 0.5
+"""How often a store at fault is probed with a real write (:meth:`Store.probe`)."""
+PROBE_TIMEOUT_S = 1.0
+"""How long a probe waits for a lock."""
+STALL_S = 5.0
+"""A write that has waited this long for the database sets the fault, so later requests fail fast instead of
+queueing behind it for the whole busy timeout."""
 
 STATES = tuple(JobState)
 TERMINAL = TERMINAL_STATES
 ACTIVE = ACTIVE_STATES
-
-
-class StoreUnavailable(RuntimeError):
-    """The store cannot take writes now (its file is gone, the disk is full, a lock is held too long)."""
-
-
-class StoreCorrupt(RuntimeError):
-    """The database fails its integrity check: the service does not start on it."""
-
-
-class StoreInUse(RuntimeError):
-    """Another service holds the store's writer lock."""
 
 
 STORE_FAULTS: tuple[type[Exception], ...] = (StoreUnavailable, DBAPIError, OSError)
@@ -99,65 +122,21 @@ def is_store_fault(err: BaseException) -> bool:
     return isinstance(err, STORE_FAULTS) and not isinstance(err, IntegrityError)
 
 
+def is_permanent_fault(err: BaseException) -> bool:
+    """A fault no retry clears: a malformed page or a file that is no database (SQLite's SQLITE_CORRUPT and
+    SQLITE_NOTADB, https://www.sqlite.org/rescode.html), a PostgreSQL data-corruption error (SQLSTATE class XX,
+    https://www.postgresql.org/docs/15/errcodes-appendix.html), or a fenced writer."""
+    if isinstance(err, StoreFenced):
+        return True
+    message = str(getattr(err, "orig", None) or err).lower()
+    return any(word in message for word in ("malformed", "not a database", "data corrupted", "index corrupted"))
+
+
 def describe_fault(err: BaseException) -> str:
     """A store error in one line: its class and the first line of its message (SQLAlchemy's run on with the
     statement and its parameters)."""
     message = str(err)
     return f"{err.__class__.__name__}: {message.splitlines()[0] if message else ''}"
-
-
-class Base(DeclarativeBase):
-    pass
-
-
-class JobRow(Base):
-    __tablename__ = "jobs"
-    __table_args__ = (
-        UniqueConstraint("tenant", "idempotency_key", name="uq_jobs_tenant_key"),
-        Index("ix_jobs_tenant_state", "tenant", "state"),
-    )
-
-    id: Mapped[str] = mapped_column(String(40), primary_key=True)
-    seq: Mapped[int] = mapped_column(Integer, unique=True)
-    """Acceptance order (the queue order after a restart)."""
-    tenant: Mapped[str] = mapped_column(String(100))
-    name: Mapped[str] = mapped_column(String(200))
-    idempotency_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
-    request_hash: Mapped[str] = mapped_column(String(64))
-    spec_json: Mapped[str] = mapped_column(Text)
-    state: Mapped[str] = mapped_column(String(20), index=True)
-    reason: Mapped[str] = mapped_column(Text, default="")
-    attempts: Mapped[int] = mapped_column(Integer, default=0)
-    max_retries: Mapped[int] = mapped_column(Integer, default=2)
-    weight: Mapped[float] = mapped_column(Float, default=1.0)
-    plan_json: Mapped[str | None] = mapped_column(Text, nullable=True)
-    placement_json: Mapped[str | None] = mapped_column(Text, nullable=True)
-    predicted_json: Mapped[str | None] = mapped_column(Text, nullable=True)
-    measured_json: Mapped[str | None] = mapped_column(Text, nullable=True)
-    created_at: Mapped[float] = mapped_column(Float)
-    updated_at: Mapped[float] = mapped_column(Float)
-
-
-class EventRow(Base):
-    __tablename__ = "job_events"
-
-    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    job_id: Mapped[str] = mapped_column(ForeignKey("jobs.id"), index=True)
-    at: Mapped[float] = mapped_column(Float)
-    state: Mapped[str] = mapped_column(String(20))
-    detail: Mapped[str] = mapped_column(Text, default="")
-
-
-class CalibrationRow(Base):
-    """A fitted efficiency of the step-time model (closed loop), per ``GPU@precision``."""
-
-    __tablename__ = "calibration"
-
-    key: Mapped[str] = mapped_column(String(100), primary_key=True)
-    efficiency: Mapped[float] = mapped_column(Float)
-    samples: Mapped[int] = mapped_column(Integer)
-    report_json: Mapped[str] = mapped_column(Text)
-    updated_at: Mapped[float] = mapped_column(Float)
 
 
 # The hot paths' statements, built once (building a Core statement per call cost more than running it).
@@ -188,6 +167,8 @@ class JobRecord:
     max_retries: int
     weight: float
     plan: dict[str, Any] | None
+    failures: int = 0
+    moves: int = 0
     placement: dict[str, Any] | None
     predicted: dict[str, Any] | None
     measured: dict[str, Any] | None
@@ -248,6 +229,8 @@ def _record(values: dict[str, Any]) -> JobRecord:
         state=state,
         reason=values["reason"],
         attempts=values["attempts"],
+        failures=values.get("failures") or 0,
+        moves=values.get("moves") or 0,
         max_retries=values["max_retries"],
         weight=values["weight"],
         plan=load("plan_json"),
@@ -291,12 +274,20 @@ def _identity(path: str) -> tuple[int, int] | None:
 
 
 class Store:
-    """The job database."""
+    """The job database. ``create=False``: refuse a store that does not exist yet (:class:`StoreMissing`)
+    rather than start an empty one (``frenzy serve`` without ``--create``)."""
 
-    def __init__(self, url: str, *, busy_timeout_s: float = BUSY_TIMEOUT_S) -> None:
+    def __init__(self, url: str, *, busy_timeout_s: float = BUSY_TIMEOUT_S, create: bool = True) -> None:
         self.url = url
         self.path = sqlite_path(url)
         self.backend = make_url(url).get_backend_name()
+        self.where = self.path or make_url(url).render_as_string(hide_password=True)
+        self.busy_timeout_s = busy_timeout_s
+        if self.path is not None and not create and not os.path.exists(self.path):
+            raise StoreMissing(
+                f"{self.path} does not exist (a volume not mounted, or a typo?): give the path of the existing "
+                "store, or pass --create to start a new, empty one there"
+            )
         kwargs: dict[str, Any] = {}
         if self.backend == "sqlite":
             # The driver's own wait (``timeout``) and the pragma are the same figure: one busy timeout.
@@ -308,40 +299,89 @@ class Store:
         if self.backend == "sqlite":
             event.listen(self.engine, "connect", _sqlite_pragmas(busy_timeout_s))
         self._identity: tuple[int, int] | None = None
-        self.verify()
+        self.verify(create=create)
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
         self._write = threading.Lock()
         """Serialises this process's writes: acceptance order (``seq``), and no two of its own transactions
         wait on each other in SQLite's busy handler (which sleeps in steps of up to 100 ms: the tail of
         submission latency under concurrency); other processes still meet the busy timeout."""
+        self._writing_since: float | None = None
+        """When the write under way started (time.monotonic()), None when none is."""
         self._next_seq: int | None = None
-        self._writer: Any = None
-        """The writer lock held (a lock file or a PostgreSQL connection), None when not held."""
+        self._writer: FileLock | Lease | None = None
+        if self.path is not None:
+            self._writer = FileLock(self.path, self.engine)
+        elif self.backend == "postgresql":
+            self._writer = Lease(self.engine, self.where)
+        self.held = False
+        """Whether this store holds the writer lock (:meth:`acquire_writer`)."""
+        self.fault: str | None = None
+        """Why writes fail fast now (a store call failed with a fault; cleared by a successful probe)."""
+        self.broken: str | None = None
+        """A fault no probe clears: a damaged database, or another server took the store over."""
+        self.fenced = False
+        """Whether it broke because another server took the store over (this one must step down)."""
+        self.on_broken: list[Callable[[str], None]] = []
+        """Called (from the watch thread or a writer's thread) once the store broke."""
+        self.stall_s = STALL_S
+        self._closed = threading.Event()
+        self._watch: threading.Thread | None = None
+        self._watch_guard = threading.Lock()
 
-    # --- integrity, health and the writer lock ------------------------------------------------------
+    # --- integrity, shape, health -----------------------------------------------------------------------
 
-    def verify(self) -> None:
-        """Create missing tables, then check the database's integrity (module docstring)."""
-        where = self.path or make_url(self.url).render_as_string(hide_password=True)
+    def verify(self, *, create: bool = True) -> None:
+        """Check the database's shape and integrity; create missing tables (module docstring)."""
         try:
+            names = set(inspect(self.engine).get_table_names())
+            if "jobs" not in names and not create:
+                raise StoreMissing(
+                    f"{self.where} holds no frenzy-opt job store (no jobs table): give the right database, or pass "
+                    "--create to start a new, empty store in it"
+                )
+            self._check_shape(names)
             Base.metadata.create_all(self.engine)
+            ensure_row(self.engine)
             if self.backend == "sqlite":
                 with self.engine.connect() as conn:
                     result = [str(r[0]) for r in conn.exec_driver_sql("PRAGMA quick_check")]
                 if result != ["ok"]:
-                    raise StoreCorrupt(f"{where} fails SQLite's integrity check: {'; '.join(result[:3])}")
+                    raise StoreCorrupt(f"{self.where} fails SQLite's integrity check: {'; '.join(result[:3])}")
         except DBAPIError as err:
             message = str(err.orig)
             if any(word in message for word in ("malformed", "not a database", "corrupt")):
-                raise StoreCorrupt(f"{where} is not a readable database ({message}): restore it from a backup") from err
+                raise StoreCorrupt(
+                    f"{self.where} is not a readable database ({message}): restore it from a backup"
+                ) from err
             raise
         if self.path is not None:
             self._identity = _identity(self.path)
 
+    def _check_shape(self, names: set[str]) -> None:
+        """:class:`StoreSchema` when a table of ours lacks columns; adds the columns of :data:`ADDED_COLUMNS`."""
+        inspector = inspect(self.engine)
+        for name, table in Base.metadata.tables.items():
+            if name not in names:
+                continue
+            have = {column["name"] for column in inspector.get_columns(name)}
+            missing = [c.name for c in table.columns if c.name not in have]
+            added = ADDED_COLUMNS.get(name, {})
+            wrong = [c for c in missing if c not in added]
+            if wrong:
+                raise StoreSchema(
+                    f"{self.where}: table {name} has columns {', '.join(sorted(have))} but lacks "
+                    f"{', '.join(wrong)}: it is not a frenzy-opt job store; give another --db"
+                )
+            with self.engine.begin() as conn:
+                for column in missing:
+                    conn.exec_driver_sql(f"ALTER TABLE {name} ADD COLUMN {column} {added[column]}")
+                    log.warning("store: added column %s.%s to %s", name, column, self.where)
+
     def health(self) -> str | None:
-        """Why the store cannot serve now (None when it can): the database does not answer, or its file
-        was deleted or replaced since the service opened it."""
-        problem = self.file_problem()
+        """Why the store cannot serve now (None when it can): its file was deleted or replaced, it broke, a
+        call failed with a fault no probe has cleared yet, a write has waited too long, or it does not
+        answer."""
+        problem = self.file_problem() or self.broken or self.fault or self._stalled()
         if problem is not None:
             return problem
         try:
@@ -349,6 +389,13 @@ class Store:
         except SQLAlchemyError as err:
             return f"the database does not answer: {describe_fault(err)}"
         return None
+
+    def _stalled(self) -> str | None:
+        since = self._writing_since
+        if since is None or time.monotonic() - since < self.stall_s:
+            return None
+        waited = time.monotonic() - since
+        return f"a write has waited {waited:.0f} s for the database (a lock held by another connection?)"
 
     def file_problem(self) -> str | None:
         """Why writes would go astray (the SQLite file was deleted or replaced), without a query: cheap
@@ -361,45 +408,141 @@ class Store:
         state = "deleted" if now is None else "replaced"
         return f"the database file {self.path} was {state} while the service ran; restart it on a good file"
 
-    def _check_writable(self) -> None:
-        problem = self.file_problem()
-        if problem is not None:
-            raise StoreUnavailable(problem)
+    def refusal(self) -> str | None:
+        """Why a write would fail at once now (None when it would be tried)."""
+        return self.broken or self.file_problem() or self.fault
+
+    def _note(self, err: BaseException) -> None:
+        """A store call failed with a fault: writes fail fast until a probe succeeds (or for good)."""
+        reason = describe_fault(err)
+        if isinstance(err, StoreFenced):
+            self._break(str(err), fenced=True)
+            return
+        if is_permanent_fault(err):
+            self._break(
+                f"the database is damaged ({reason}): this server neither writes nor schedules; restore the "
+                "database from a backup and restart"
+            )
+            return
+        if self.fault is None:
+            log.error("store: %s; writes fail fast until a write probe succeeds", reason)
+        self.fault = reason
+        self._start_watch()
+
+    def _break(self, reason: str, *, fenced: bool = False) -> None:
+        if self.broken is not None:
+            return
+        self.fenced = fenced
+        self.broken = reason
+        log.error("store: %s", reason)
+        for callback in self.on_broken:
+            callback(reason)
+
+    # --- the writer lock and the watch thread -----------------------------------------------------------
 
     def acquire_writer(self) -> None:
         """Take the writer lock (module docstring); :class:`StoreInUse` if another service holds it."""
-        if self._writer is not None:
+        if self.held or self._writer is None:
             return
-        if self.path is not None:
-            handle = open(f"{self.path}.lock", "a+")  # noqa: SIM115 (held open for the service's life)
-            try:
-                fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                handle.seek(0)
-                holder = handle.read().strip() or "unknown"
-                handle.close()
-                raise StoreInUse(
-                    f"{self.path} is in use by another frenzy serve ({holder}): stop it, or give this one another --db"
-                ) from None
-            handle.seek(0)
-            handle.truncate()
-            handle.write(f"pid {os.getpid()} on {os.uname().nodename}, since {time.strftime('%Y-%m-%d %H:%M:%S')}")
-            handle.flush()
-            self._writer = handle
-        elif self.backend == "postgresql":
-            conn: Connection = self.engine.connect()
-            key = zlib.crc32(b"frenzy-opt writer") & 0x7FFFFFFF
-            if not conn.exec_driver_sql(f"SELECT pg_try_advisory_lock({key})").scalar():
-                conn.close()
-                where = make_url(self.url).render_as_string(hide_password=True)
-                raise StoreInUse(f"{where} is in use by another frenzy serve: stop it, or give this one another --db")
-            conn.commit()
-            self._writer = conn
+        self._closed.clear()  # a store closed before may serve again (an app's lifespan started again)
+        self._writer.acquire()
+        self.held = True
+        self._start_watch()
 
     def release_writer(self) -> None:
-        writer, self._writer = self._writer, None
-        if writer is not None:
-            writer.close()  # the lock goes with the file descriptor or the session
+        if self._writer is not None and self.held:
+            self._writer.release()
+        self.held = False
+
+    def _start_watch(self) -> None:
+        with self._watch_guard:
+            if self._watch is None and not self._closed.is_set():
+                self._watch = threading.Thread(target=self._watching, name="frenzy-store-watch", daemon=True)
+                self._watch.start()
+
+    def _watching(self) -> None:
+        """Every :data:`PROBE_INTERVAL_S` while at fault, else every heartbeat: a stalled write sets the
+        fault, a PostgreSQL writer renews its lease, a successful probe clears the fault."""
+        while not self._closed.wait(PROBE_INTERVAL_S if self.fault else HEARTBEAT_S):
+            if self.broken is not None:
+                continue
+            stalled = self._stalled()
+            if stalled is not None and self.fault is None:
+                log.error("store: %s; writes fail fast until it ends", stalled)
+                self.fault = stalled
+            try:
+                if self.held and isinstance(self._writer, Lease):
+                    self._writer.beat()  # a write: it proves the store writable too
+                    if self.fault is not None and self._writing_since is None:
+                        self._cleared()
+                elif self.fault is not None:
+                    self.probe()
+            except StoreFenced as err:
+                self._break(str(err), fenced=True)
+            except Exception as err:  # the database does not answer: try again next time
+                if is_store_fault(err):
+                    self._note(err)
+                else:
+                    log.exception("store: the watch thread's check failed")
+
+    def probe(self) -> bool:
+        """A real write with a short lock wait (:data:`PROBE_TIMEOUT_S`); clears the fault when it succeeds.
+        False while another write of this process is under way (it says more than a probe would)."""
+        if not self._write.acquire(timeout=PROBE_TIMEOUT_S):
+            return False
+        try:
+            if self.file_problem() is not None:
+                return False
+            with self.engine.connect() as conn:
+                try:
+                    with conn.begin():
+                        if self.backend == "sqlite":
+                            conn.exec_driver_sql(f"PRAGMA busy_timeout={int(PROBE_TIMEOUT_S * 1000)}")
+                        elif self.backend == "postgresql":
+                            conn.exec_driver_sql(f"SET LOCAL lock_timeout = {int(PROBE_TIMEOUT_S * 1000)}")
+                        self._fence(conn)
+                        conn.execute(update(WRITER).where(WRITER.c.id == 1).values(probed_at=time.time()))
+                finally:
+                    if self.backend == "sqlite":
+                        conn.exec_driver_sql(f"PRAGMA busy_timeout={int(self.busy_timeout_s * 1000)}")
+        except Exception as err:
+            if not is_store_fault(err):
+                raise
+            self._note(err)
+            return False
+        finally:
+            self._write.release()
+        self._cleared()
+        return True
+
+    def _cleared(self) -> None:
+        if self.fault is not None:
+            log.warning("store: writes again after: %s", self.fault)
+            self.fault = None
+
+    def _fence(self, conn: Connection) -> None:
+        if self.held and isinstance(self._writer, Lease):
+            self._writer.fence(conn)
+
+    @contextmanager
+    def _writing(self) -> Iterator[Connection]:
+        """One write transaction: refused at once while the store is at fault; a fault it meets is noted;
+        a writer's generation is checked first (fencing)."""
+        refusal = self.refusal()
+        if refusal is not None:
+            raise StoreUnavailable(refusal)
+        with self._write:
+            self._writing_since = time.monotonic()
+            try:
+                with self.engine.begin() as conn:
+                    self._fence(conn)
+                    yield conn
+            except Exception as err:
+                if is_store_fault(err):
+                    self._note(err)
+                raise
+            finally:
+                self._writing_since = None
 
     @contextmanager
     def session(self) -> Iterator[Session]:
@@ -407,8 +550,14 @@ class Store:
             yield s
 
     def close(self) -> None:
+        self._closed.set()
+        watch, self._watch = self._watch, None
+        if watch is not None and watch is not threading.current_thread():
+            watch.join(5)
         self.release_writer()
         self.engine.dispose()
+        if isinstance(self._writer, FileLock):
+            self._writer.close()  # after the engine: the last descriptor of the file goes last
 
     # --- writes ----------------------------------------------------------------------------------------
 
@@ -438,6 +587,8 @@ class Store:
             "state": "queued",
             "reason": "accepted",
             "attempts": 0,
+            "failures": 0,
+            "moves": 0,
             "max_retries": max_retries,
             "weight": weight,
             "plan_json": None,
@@ -447,8 +598,7 @@ class Store:
             "created_at": now,
             "updated_at": now,
         }
-        self._check_writable()
-        with self._write, self.engine.begin() as conn:
+        with self._writing() as conn:
             if self._next_seq is None:
                 self._next_seq = int(conn.scalar(select(func.max(JobRow.seq))) or 0) + 1
             values["seq"] = self._next_seq
@@ -459,7 +609,7 @@ class Store:
 
     def transition(self, job_id: str, state: str, detail: str = "", **fields: Any) -> None:
         """Move a job to ``state`` (recording the event) and set other columns (``plan``, ``placement``,
-        ``measured``: JSON-encoded; ``attempts``, ``reason``)."""
+        ``measured``: JSON-encoded; ``attempts``, ``failures``, ``moves``, ``reason``)."""
         self.apply([(job_id, state, detail, fields)])
 
     def apply(self, transitions: Sequence[tuple[str, str, str, dict[str, Any]]]) -> None:
@@ -467,10 +617,9 @@ class Store:
         for _, state, _, _ in transitions:
             if state not in STATES:
                 raise ValueError(f"state must be one of {', '.join(STATES)}, got {state!r}")
-        self._check_writable()
         now = time.time()
         events = []
-        with self._write, self.engine.begin() as conn:
+        with self._writing() as conn:
             for job_id, state, detail, fields in transitions:
                 values: dict[str, Any] = {"b_id": job_id, "state": state, "updated_at": now}
                 values["reason"] = fields.get("reason", detail)
@@ -487,18 +636,18 @@ class Store:
 
     def save_calibration(self, report: dict[str, dict[str, Any]]) -> None:
         """Upsert the fitted efficiencies (:func:`frenzy_opt.prediction.closedloop.recalibrate`'s report)."""
-        self._check_writable()
         now = time.time()
-        with self._write, self.session() as s:
+        table: Table = CalibrationRow.__table__  # type: ignore[assignment]
+        with self._writing() as conn:
             for key, entry in report.items():
-                row = s.get(CalibrationRow, key)
-                if row is None:
-                    row = CalibrationRow(key=key)
-                    s.add(row)
-                row.efficiency = float(entry["efficiency_after"])
-                row.samples = int(entry["samples"])
-                row.report_json = json.dumps(entry)
-                row.updated_at = now
+                values = {
+                    "efficiency": float(entry["efficiency_after"]),
+                    "samples": int(entry["samples"]),
+                    "report_json": json.dumps(entry),
+                    "updated_at": now,
+                }
+                if conn.execute(update(table).where(table.c.key == key).values(**values)).rowcount == 0:
+                    conn.execute(insert(table).values(key=key, **values))
 
     def calibration(self) -> dict[str, dict[str, Any]]:
         with self.session() as s:
@@ -561,7 +710,9 @@ class Store:
             return [(r, events[r.id]) for r in records]
 
     def active(self) -> list[JobRecord]:
-        """Jobs not in a terminal state, in acceptance order (for recovery)."""
+        """Jobs not in a terminal state, in acceptance order (for recovery), and rows whose state is none this
+        version knows (recovery quarantines them: :attr:`JobRecord.problems` names the state)."""
         with self.session() as s:
-            rows = s.scalars(select(JobRow).where(JobRow.state.in_(ACTIVE)).order_by(JobRow.seq))
+            unknown = not_(JobRow.state.in_(STATES))
+            rows = s.scalars(select(JobRow).where(or_(JobRow.state.in_(ACTIVE), unknown)).order_by(JobRow.seq))
             return [JobRecord.of(r) for r in rows]
