@@ -73,10 +73,22 @@ class PostgresServer:
         server = PostgresServer(root=root, port=free_port(), as_user=as_user, bindir=bindir, data=data)
         initdb = [f"{bindir}/initdb", "-D", data, "-U", server.user, "--auth=trust", "-E", "UTF8", "--no-sync"]
         subprocess.run([*as_user, *initdb], check=True, capture_output=True, timeout=120)
-        options = f"-p {server.port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200"
-        start = [f"{bindir}/pg_ctl", "-D", data, "-o", options, "-l", os.path.join(root, "log"), "-w", "start"]
-        subprocess.run([*as_user, *start], check=True, capture_output=True, timeout=120)
+        server._start()
         return server
+
+    def _start(self) -> None:
+        """pg_ctl start, its output to a log file (a pipe would be held open by the server)."""
+        options = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=200"
+        log = os.path.join(self.root, "log")
+        start = [f"{self.bindir}/pg_ctl", "-D", self.data, "-o", options, "-l", log, "-w", "start"]
+        subprocess.run([*self.as_user, *start], check=True, capture_output=True, timeout=120)
+
+    def restart(self) -> None:
+        """Stop the server at once (every session dropped, as in a crash or a failover) and start it again
+        with the same options."""
+        stop = [f"{self.bindir}/pg_ctl", "-D", self.data, "-m", "immediate", "-w", "stop"]
+        subprocess.run([*self.as_user, *stop], check=True, capture_output=True, timeout=120)
+        self._start()
 
     def stop(self) -> None:
         stop = [f"{self.bindir}/pg_ctl", "-D", self.data, "-m", "immediate", "-w", "stop"]

@@ -40,6 +40,7 @@ Faults are explicit:
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -48,7 +49,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Concatenate, ParamSpec, TypeVar
 
 from sqlalchemy import (
     Table,
@@ -265,6 +266,26 @@ def sqlite_path(url: str) -> str | None:
     return os.path.abspath(parsed.database)
 
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _noted(read: Callable[Concatenate[Store, P], R]) -> Callable[Concatenate[Store, P], R]:
+    """A read that notes the store fault it meets (:meth:`Store._note`): a damaged page found by a read is a
+    damaged database, a server gone for a read is gone for writes."""
+
+    @functools.wraps(read)
+    def noting(store: Store, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return read(store, *args, **kwargs)
+        except Exception as err:
+            if is_store_fault(err):
+                store._note(err)
+            raise
+
+    return noting
+
+
 def _identity(path: str) -> tuple[int, int] | None:
     try:
         st = os.stat(path)
@@ -287,6 +308,12 @@ class Store:
             raise StoreMissing(
                 f"{self.path} does not exist (a volume not mounted, or a typo?): give the path of the existing "
                 "store, or pass --create to start a new, empty one there"
+            )
+        if self.path is not None and os.path.exists(self.path) and os.stat(self.path).st_nlink > 1:
+            raise StoreRefused(
+                f"{self.path} has {os.stat(self.path).st_nlink} hard links: SQLite keeps a write-ahead log per file "
+                "name, and writes through two names corrupt the database (https://www.sqlite.org/howtocorrupt.html, "
+                "section 2.5); remove the other links or copy the file"
             )
         kwargs: dict[str, Any] = {}
         if self.backend == "sqlite":
@@ -391,11 +418,18 @@ class Store:
         return None
 
     def _stalled(self) -> str | None:
+        """Why writes stall (a write has waited :attr:`stall_s` for the database): sets the fault, so later
+        writes fail fast instead of queueing behind it, until a probe succeeds once it ended."""
         since = self._writing_since
         if since is None or time.monotonic() - since < self.stall_s:
             return None
         waited = time.monotonic() - since
-        return f"a write has waited {waited:.0f} s for the database (a lock held by another connection?)"
+        reason = f"a write has waited {waited:.0f} s for the database (a lock held by another connection?)"
+        if self.fault is None:
+            log.error("store: %s; writes fail fast until it ends", reason)
+            self.fault = reason
+            self._start_watch()
+        return reason
 
     def file_problem(self) -> str | None:
         """Why writes would go astray (the SQLite file was deleted or replaced), without a query: cheap
@@ -466,10 +500,7 @@ class Store:
         while not self._closed.wait(PROBE_INTERVAL_S if self.fault else HEARTBEAT_S):
             if self.broken is not None:
                 continue
-            stalled = self._stalled()
-            if stalled is not None and self.fault is None:
-                log.error("store: %s; writes fail fast until it ends", stalled)
-                self.fault = stalled
+            self._stalled()
             try:
                 if self.held and isinstance(self._writer, Lease):
                     self._writer.beat()  # a write: it proves the store writable too
@@ -530,19 +561,21 @@ class Store:
         a writer's generation is checked first (fencing)."""
         refusal = self.refusal()
         if refusal is not None:
-            raise StoreUnavailable(refusal)
-        with self._write:
+            raise StoreFenced(refusal) if self.fenced else StoreUnavailable(refusal)
+        if not self._write.acquire(timeout=self.stall_s):  # behind a write that waits for the database
+            raise StoreUnavailable(self._stalled() or f"the store's writes have queued for over {self.stall_s:g} s")
+        try:
             self._writing_since = time.monotonic()
-            try:
-                with self.engine.begin() as conn:
-                    self._fence(conn)
-                    yield conn
-            except Exception as err:
-                if is_store_fault(err):
-                    self._note(err)
-                raise
-            finally:
-                self._writing_since = None
+            with self.engine.begin() as conn:
+                self._fence(conn)
+                yield conn
+        except Exception as err:
+            if is_store_fault(err):
+                self._note(err)
+            raise
+        finally:
+            self._writing_since = None
+            self._write.release()
 
     @contextmanager
     def session(self) -> Iterator[Session]:
@@ -649,6 +682,7 @@ class Store:
                 if conn.execute(update(table).where(table.c.key == key).values(**values)).rowcount == 0:
                     conn.execute(insert(table).values(key=key, **values))
 
+    @_noted
     def calibration(self) -> dict[str, dict[str, Any]]:
         with self.session() as s:
             rows = s.scalars(select(CalibrationRow).order_by(CalibrationRow.key))
@@ -661,21 +695,25 @@ class Store:
         with self.engine.connect() as conn:
             conn.execute(select(1))
 
+    @_noted
     def get(self, job_id: str) -> JobRecord | None:
         with self.engine.connect() as conn:
             row = conn.execute(_GET, {"b_id": job_id}).mappings().first()
             return None if row is None else _record(dict(row))
 
+    @_noted
     def by_key(self, tenant: str, key: str) -> JobRecord | None:
         with self.engine.connect() as conn:
             row = conn.execute(_BY_KEY, {"b_tenant": tenant, "b_key": key}).mappings().first()
             return None if row is None else _record(dict(row))
 
+    @_noted
     def events(self, job_id: str) -> list[EventRecord]:
         with self.session() as s:
             rows = s.scalars(select(EventRow).where(EventRow.job_id == job_id).order_by(EventRow.id))
             return [EventRecord(at=r.at, state=r.state, detail=r.detail) for r in rows]
 
+    @_noted
     def list_jobs(
         self, *, tenant: str | None, state: str | None, limit: int, offset: int
     ) -> tuple[list[JobRecord], int]:
@@ -691,6 +729,7 @@ class Store:
             rows = s.scalars(query.order_by(JobRow.seq).limit(limit).offset(offset))
             return [JobRecord.of(r) for r in rows], total
 
+    @_noted
     def history_since(self, since: float, tenant: str | None) -> list[tuple[JobRecord, list[EventRecord]]]:
         """Every job (of ``tenant``) that was active at or after ``since``, with its events in order: two
         queries, whatever the number of jobs (the accounting reads them, :mod:`frenzy_opt.service.accounting`)."""
@@ -709,6 +748,7 @@ class Store:
                     events[row.job_id].append(EventRecord(at=row.at, state=row.state, detail=row.detail))
             return [(r, events[r.id]) for r in records]
 
+    @_noted
     def active(self) -> list[JobRecord]:
         """Jobs not in a terminal state, in acceptance order (for recovery), and rows whose state is none this
         version knows (recovery quarantines them: :attr:`JobRecord.problems` names the state)."""
