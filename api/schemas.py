@@ -104,7 +104,12 @@ class JobIn(_Strict):
     parallel: ParallelIn | None = None
     scheduling: SchedulingIn | None = None
     weight: float = Field(default=1.0, gt=0, le=1000, description="priority weight in the scheduler's objective")
-    max_retries: int = Field(default=2, ge=0, le=10, description="attempts after the first one on failure")
+    max_retries: int = Field(
+        default=2,
+        ge=0,
+        le=10,
+        description="failed attempts retried; moves (preemption, a service restart) do not count",
+    )
 
     def spec_mapping(self) -> dict[str, Any]:
         """The contract-1 mapping :func:`frenzy_opt.core.spec.parse_job` reads."""
