@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _other_process_takes(url: str) -> subprocess.CompletedProcess[str]:
     """Another process opens the store and takes its writer lock (what a second ``frenzy serve`` does)."""
-    code = "import sys; from frenzy_opt.service.store import Store; Store(sys.argv[1]).acquire_writer(); print('took it')"
+    code = "import sys; from frenzy_opt.service.store import Store; Store(sys.argv[1]).acquire_writer(); print('ok')"
     return subprocess.run([sys.executable, "-c", code, url], capture_output=True, text=True, timeout=120, cwd=ROOT)
 
 
@@ -123,10 +123,7 @@ def _terminate_lock_session(url: str) -> int:
     admin = Store(url)
     try:
         with admin.engine.begin() as conn:
-            pids = [
-                row[0]
-                for row in conn.execute(text(LOCKS))
-            ]
+            pids = [row[0] for row in conn.execute(text(LOCKS))]
             for pid in pids:
                 conn.execute(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
         return len(pids)
@@ -225,7 +222,7 @@ def test_a_waiting_successor_takes_over_once_the_lease_lapses(pg: PostgresServer
     url = pg.new_database()
     holder = Store(url)
     holder.acquire_writer()
-    holder._closed.set()  # noqa: SLF001 - no more heartbeats: the process is gone but its lease is fresh
+    holder._closed.set()  # no more heartbeats: the process is gone but its lease is fresh
     assert _terminate_lock_session(url) == 1
     successor = Store(url)
     done = threading.Event()
