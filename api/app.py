@@ -59,9 +59,11 @@ class ServiceConfig:
     plan_cache_bytes: int = 64 << 20
     """Bound of the dry run's result cache (JSON bytes of the results kept)."""
     plan_searches_per_tenant: int = 2
-    """Plan searches one tenant may have running at once; more get 429."""
+    """Plan searches (dry runs and submissions of a new job shape) one tenant may have running at once; more
+    get 429."""
     plans_per_minute: float = 60.0
-    """Dry runs one tenant may request per minute (a token bucket of ``plans_burst``); more get 429."""
+    """Dry runs one tenant may request per minute (a token bucket of ``plans_burst``), and, in a bucket of its
+    own, submissions of a job shape the scheduler has not planned yet; more get 429."""
     plans_burst: int = 20
 
 

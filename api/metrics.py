@@ -28,7 +28,9 @@ class Metrics:
         self.unavailable = Counter(
             "frenzy_store_unavailable", "Requests answered 503: the store could not write", registry=self.registry
         )
-        self.throttled = Counter("frenzy_plans_throttled", "Dry runs answered 429", registry=self.registry)
+        self.throttled = Counter(
+            "frenzy_plans_throttled", "Dry runs and new-shape submissions answered 429", registry=self.registry
+        )
 
     def on_decision(self, seconds: float, queued: int) -> None:
         self.decisions.inc()

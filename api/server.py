@@ -22,6 +22,7 @@ import uvicorn
 
 from frenzy_opt.api.app import ServiceConfig, create_app
 from frenzy_opt.api.auth import load_tenants
+from frenzy_opt.api.httplimits import DEFAULT_LIMITS, HttpLimits, uvicorn_options
 from frenzy_opt.core.enums import TERMINAL_STATES
 from frenzy_opt.core.machine import free_port
 from frenzy_opt.hardware.cluster import ClusterSpec
@@ -31,8 +32,6 @@ from frenzy_opt.prediction.calibrations import CalibrationStore, check_name
 from frenzy_opt.service.store import StoreRefused
 
 DEFAULT_DB = "sqlite:///frenzy-opt.db"
-KEEP_ALIVE_S = 30
-"""Idle keep-alive of the service's connections (uvicorn's ``timeout_keep_alive``)."""
 
 
 def build_config(
@@ -69,9 +68,10 @@ def build_config(
     )
 
 
-def serve(config: ServiceConfig, host: str, port: int) -> None:
-    """Run the service until interrupted. The store's integrity check and writer lock come first: a
-    corrupt database or one another service writes ends here with the reason, before any row is touched."""
+def serve(config: ServiceConfig, host: str, port: int, limits: HttpLimits = DEFAULT_LIMITS) -> None:
+    """Run the service until interrupted, with the HTTP ``limits`` (``api/httplimits.py``). The store's
+    integrity check and writer lock come first: a corrupt database or one another service writes ends here
+    with the reason, before any row is touched."""
     try:
         app = create_app(config)
         app.state.service.store.acquire_writer()
@@ -79,9 +79,7 @@ def serve(config: ServiceConfig, host: str, port: int) -> None:
         raise SystemExit(f"frenzy serve: {err}") from None
     # The scheduler's decisions and warnings go to stderr at INFO next to uvicorn's access log.
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # Keep-alive longer than clients' own idle expiry (httpx: 5 s, uvicorn's default too): the client then
-    # closes an idle connection first, and never sends a request on one the server is closing.
-    uvicorn.run(app, host=host, port=port, log_level="info", timeout_keep_alive=KEEP_ALIVE_S)
+    uvicorn.run(app, host=host, port=port, log_level="info", **uvicorn_options(limits))
 
 
 @contextlib.contextmanager
@@ -114,11 +112,14 @@ def serve_process(
 
 
 @contextlib.contextmanager
-def background_server(config: ServiceConfig, host: str = "127.0.0.1", port: int = 0) -> Iterator[str]:
-    """A uvicorn server of the service in a thread; yields its base URL, shuts it down cleanly after."""
+def background_server(
+    config: ServiceConfig, host: str = "127.0.0.1", port: int = 0, limits: HttpLimits = DEFAULT_LIMITS
+) -> Iterator[str]:
+    """A uvicorn server of the service in a thread, with the HTTP ``limits``; yields its base URL, shuts it
+    down cleanly after."""
     port = port or free_port(host)
     server = uvicorn.Server(
-        uvicorn.Config(create_app(config), host=host, port=port, log_level="warning", timeout_keep_alive=KEEP_ALIVE_S)
+        uvicorn.Config(create_app(config), host=host, port=port, log_level="warning", **uvicorn_options(limits))
     )
     thread = threading.Thread(target=server.run, name="frenzy-uvicorn", daemon=True)
     thread.start()

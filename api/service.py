@@ -1,6 +1,6 @@
 """What every route of one service shares: its configuration, store, orchestrator, metrics and plan
 searches (:class:`Service`, kept on ``app.state.service``), the request dependencies that reach them
-(:data:`Svc`, :data:`Who`), and the answers common to several routes (404, 422, 503, a job's JSON).
+(:data:`Svc`, :data:`Who`), and the answers common to several routes (404, 422, 429, 503, a job's JSON).
 
 Handlers are plain (threaded) functions that open a database session only inside each store call, so no
 request holds a connection while it waits; the orchestrator's loop is the only writer of job state.
@@ -9,7 +9,7 @@ request holds a connection while it waits; the orchestrator's loop is the only w
 from __future__ import annotations
 
 import asyncio
-import threading
+import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Annotated, Any
@@ -18,10 +18,11 @@ from fastapi import Depends, Header, HTTPException, Request
 
 from frenzy_opt.api.auth import Principal
 from frenzy_opt.api.metrics import Metrics
-from frenzy_opt.api.plansearch import PlanSearches
+from frenzy_opt.api.plansearch import PlanSearches, Throttled
 from frenzy_opt.api.schemas import EventOut, JobIn, JobOut
 from frenzy_opt.core.spec import JobSpec, parse_job
-from frenzy_opt.planning.plans import NoFeasiblePlan, search_or_fail
+from frenzy_opt.planning.plans import NoFeasiblePlan
+from frenzy_opt.planning.problem import Searched
 from frenzy_opt.service.orchestrator import Orchestrator
 from frenzy_opt.service.store import JobRecord, Store
 
@@ -50,7 +51,6 @@ class Service:
         default_factory=lambda: ThreadPoolExecutor(max_workers=STORE_THREADS, thread_name_prefix="frenzy-store")
     )
     """Threads that run a submission's store calls (start on first use; one pool for the app's life)."""
-    feasibility_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def writable(self) -> None:
         """503 unless the store takes writes (no query: the store's and the loop's last word, and the file's
@@ -70,21 +70,28 @@ class Service:
             raise HTTPException(401, "missing or unknown bearer token", headers={"WWW-Authenticate": "Bearer"})
         return principal
 
-    def feasible(self, spec: JobSpec) -> None:
-        """422 (counted as rejected) unless some GPU type of the cluster can hold the job under its
-        placement rules."""
-        with self.feasibility_lock:
-            if self.orchestrator.cache.per_step(spec):
-                return
-        self.metrics.rejected.inc()
+    async def feasible(self, spec: JobSpec, tenant: str) -> Searched | None:
+        """422 (counted as rejected) unless some GPU type of the cluster can hold the job under its placement
+        rules; 429 (counted as throttled) when its search is over the tenant's limits.
+
+        A job shape the scheduler's option cache holds is answered from it, before any lock or thread hop
+        (None: nothing to hand over). Another is searched in a worker process with the scheduler's step model
+        and the executor's plan filter (:meth:`PlanSearches.admission`), and the search returned: the
+        submission hands it to the scheduler, whose loop adopts it rather than search again."""
+        cache = self.orchestrator.cache
+        known = cache.cached(spec)
+        if known is not None and known.options:
+            return None
         try:
-            search_or_fail(spec, self.config.cluster)
+            return await self.searches.admission(
+                spec, tenant, cache.step_model, self.config.executor.plan_filter(), cache.max_options_per_type
+            )
+        except Throttled as err:
+            self.metrics.throttled.inc()
+            raise too_many(err) from None
         except NoFeasiblePlan as err:
+            self.metrics.rejected.inc()
             raise unprocessable(str(err)) from None
-        raise unprocessable(
-            f"job {spec.name}: memory-feasible plans exist but none the placement rules of "
-            f"{self.config.cluster.name} admit (inside one node, or whole nodes)"
-        )
 
     def job_out(
         self, record: JobRecord, history: list[EventOut] | None = None, *, progress: bool = False, queue: bool = True
@@ -166,6 +173,11 @@ def unavailable(reason: str, *, permanent: bool = False) -> HTTPException:
         f"the job store cannot serve now ({reason}); retry later",
         headers={"Retry-After": str(RETRY_AFTER_S)},
     )
+
+
+def too_many(err: Throttled) -> HTTPException:
+    """429 with ``Retry-After`` (whole seconds, at least 1): over the tenant's plan-search limits."""
+    return HTTPException(429, str(err), headers={"Retry-After": str(max(1, math.ceil(err.retry_after_s)))})
 
 
 def unprocessable(message: str, field_path: tuple[str, ...] = ("body",)) -> HTTPException:

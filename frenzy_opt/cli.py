@@ -1043,10 +1043,17 @@ def db_url(text: str) -> str:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
+    from frenzy_opt.api.httplimits import HttpLimits
     from frenzy_opt.api.server import build_config, serve
 
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
+    limits = HttpLimits(  # checked first: a bad flag fails before the store is opened
+        max_header_bytes=args.max_header_bytes,
+        header_timeout_s=args.header_timeout_s,
+        keep_alive_s=args.keep_alive_s,
+        max_connections=args.max_connections,
+    )
     config = build_config(
         load_cluster_ref(args.cluster),
         db_url=db_url(args.db),
@@ -1059,7 +1066,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         calibration=args.calibration,
         create=args.create,
     )
-    serve(config, args.host, args.port)
+    serve(config, args.host, args.port, limits)
     return 0
 
 
@@ -1263,6 +1270,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--fail-rate", type=float, default=0.0, help="simulated executor: fraction of attempts that fail")
     p.add_argument(
         "--decision-wait-s", type=float, default=0.25, help="how long a submission waits for its first decision"
+    )
+    from frenzy_opt.api.httplimits import DEFAULT_LIMITS as HTTP  # HTTP limits: docs/service.md
+
+    p.add_argument(
+        "--max-header-bytes",
+        type=int,
+        default=HTTP.max_header_bytes,
+        help=f"request line plus headers, bytes; over it: 431 (default {HTTP.max_header_bytes})",
+    )
+    p.add_argument(
+        "--header-timeout-s",
+        type=float,
+        default=HTTP.header_timeout_s,
+        help="a connection whose request line and headers are not complete this long after it opened (or after "
+        f"the request's first byte) is closed (default {HTTP.header_timeout_s:g})",
+    )
+    p.add_argument(
+        "--keep-alive-s",
+        type=int,
+        default=HTTP.keep_alive_s,
+        help="idle keep-alive between requests; behind a proxy: longer than its idle timeout "
+        f"(default {HTTP.keep_alive_s})",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=HTTP.max_connections,
+        help="open connections; one more is closed at once, and a request is answered 503 while this many are open "
+        f"or in progress (default {HTTP.max_connections})",
     )
     p = add(
         "launch", "plan, place and really run one job (torch.distributed) and compare with the prediction", cmd_launch

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -96,7 +97,12 @@ def test_a_submitted_job_appears_starts_and_finishes(service: str, browser: Any,
     assert "gpu_type" in page.inner_text("#job-plan")
     assert "peak memory" in page.inner_text("#job-compare")
     assert page.locator("#job-history tbody tr").count() >= 3
-    page.wait_for_function("document.querySelector('#job-logs').textContent.length > 0", timeout=WAIT_MS)
+    # Polled from here: wait_for_function's polling evaluates its string with eval, which the page's CSP forbids
+    # (it failed whenever the logs were not there at the first look, as on a loaded machine).
+    deadline = time.monotonic() + WAIT_MS / 1000
+    while not page.inner_text("#job-logs"):
+        assert time.monotonic() < deadline, "the job's logs never showed"
+        page.wait_for_timeout(100)
     logs = page.inner_text("#job-logs")  # the simulated executor's progress lines
     assert logs.startswith(f"simulated attempt 1 of {job['id']}") and logs.rstrip().endswith("steps")
     _shot(page, "dashboard-job", tmp_path)

@@ -33,7 +33,16 @@ JOB = {
 
 @pytest.fixture(scope="module")
 def local_ray() -> Iterator[None]:
-    ray.init(num_cpus=4, resources={"gpu_type:CPU-SLOT": 4}, include_dashboard=False, logging_level="ERROR")
+    # Ray runs its workers at niceness 15 by default (system config ``worker_niceness``): on a machine busy with
+    # other processes at niceness 0 (the other half of the suite, a CPU burner) the ranks then got ~3 % of a
+    # CPU each and the run took minutes instead of ~10 s. A test cluster runs them like any other process.
+    ray.init(
+        num_cpus=4,
+        resources={"gpu_type:CPU-SLOT": 4},
+        include_dashboard=False,
+        logging_level="ERROR",
+        _system_config={"worker_niceness": 0},
+    )
     try:
         yield
     finally:

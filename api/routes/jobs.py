@@ -55,12 +55,14 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
         409: {"description": "the Idempotency-Key was used for a different job"},
         413: {},
         422: {"description": "invalid spec, or no GPU type can hold the job"},
+        429: {"description": "a new job shape's plan search is over the tenant's limits; see Retry-After"},
         503: {"description": "the job store cannot serve now; see Retry-After"},
     },
 )
 async def submit(body: JobIn, service: Svc, who: Who, idempotency_key: IdempotencyKey = None) -> JobOut:
     """Submit a job (contract 1). Answers 202 with its id, state and the plan chosen, or the reason it
-    waits. Re-posting with the same `Idempotency-Key` returns the same job."""
+    waits. Re-posting with the same `Idempotency-Key` returns the same job. A job shape the scheduler has not
+    planned yet costs a plan search, charged to your plan-search limits (429 with `Retry-After` over them)."""
     spec, mapping = parse_spec(body)
     service.writable()
     request_hash = hashlib.sha256(
@@ -72,8 +74,8 @@ async def submit(body: JobIn, service: Svc, who: Who, idempotency_key: Idempoten
         existing = await loop.run_in_executor(service.store_calls, store.by_key, who.tenant, idempotency_key)
         if existing is not None:
             return _replay(service, existing, request_hash)
-    # In the server's pool, not a store thread: a spec not seen before costs a plan search (up to seconds).
-    await loop.run_in_executor(None, service.feasible, spec)
+    # On the event loop: a known shape is answered from the scheduler's cache, a new one searched in a worker.
+    searched = await service.feasible(spec, who.tenant)
     accepted = await loop.run_in_executor(
         service.store_calls, _accept, service, who, spec, body, mapping, request_hash, idempotency_key
     )
@@ -81,7 +83,7 @@ async def submit(body: JobIn, service: Svc, who: Who, idempotency_key: Idempoten
         return accepted  # the same key, posted concurrently
     service.metrics.submitted.labels(who.tenant).inc()
     decided = Decided(loop)
-    service.orchestrator.submit(accepted, decided, spec)
+    service.orchestrator.submit(accepted, decided, spec, searched=searched)
     with contextlib.suppress(TimeoutError):  # past the wait: answered with the reason it waits so far
         await asyncio.wait_for(decided.future, service.config.decision_wait_s)
     current = await loop.run_in_executor(service.store_calls, store.get, accepted.id)

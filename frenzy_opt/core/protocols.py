@@ -14,7 +14,7 @@ if TYPE_CHECKING:
     from frenzy_opt.launch.executors import Launch, LogChunk, OnExit, OnReport
     from frenzy_opt.models.arch import ModelArch
     from frenzy_opt.planning.plans import Plan
-    from frenzy_opt.planning.problem import Option, Schedule, SchedulingProblem
+    from frenzy_opt.planning.problem import Option, PlanFilter, Schedule, SchedulingProblem
     from frenzy_opt.simulation.simulator import Action, SimJob, Simulator
 
 
@@ -65,6 +65,11 @@ class Executor(Protocol):
 
     def supports(self, plan: Plan, arch: ModelArch) -> bool:
         """Whether it can run the plan (the planner offers only those)."""
+
+    def plan_filter(self) -> PlanFilter | None:
+        """:meth:`supports` as a module-level function of the plan and the job's spec, which a worker process
+        can run (it pickles by name): the same answer as ``supports(plan, spec.model)`` for every plan; None
+        when it supports every plan."""
 
     def adopt(self, job_id: str, attempt: int, on_exit: OnExit) -> None:
         """Take over a run that :meth:`running` listed after a restart; its end comes through ``on_exit``."""

@@ -12,16 +12,20 @@ JCT of a job = end - arrival; the objective = sum of weight x JCT (contract 3).
 
 from __future__ import annotations
 
+import gc
 import math
+import sys
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
+from enum import Enum
+from types import BuiltinFunctionType, FunctionType, ModuleType
 
 from frenzy_opt.core.enums import SolverStatus
 from frenzy_opt.core.spec import JobSpec
 from frenzy_opt.hardware.cluster import ClusterSpec
 from frenzy_opt.hardware.placement import per_node
-from frenzy_opt.hardware.topology import Topology
+from frenzy_opt.hardware.topology import Topology, topology_of
 from frenzy_opt.planning.plans import DEFAULT_STEP_MODEL, Plan, enumerate_plans
 from frenzy_opt.planning.scenario import Scenario
 from frenzy_opt.prediction.steptime import StepTimeModel
@@ -152,14 +156,124 @@ def options_for(
     return pareto_options(best_per_count(plans, topology, round_up=round_up), max_options_per_type)
 
 
+PlanFilter = Callable[[Plan, JobSpec], bool]
+"""Which plans of a job become options (e.g. what an executor runs); given the plan and the job's spec."""
+
+CACHE_BYTES = 256 << 20
+"""Default bound of an :class:`OptionCache` in retained bytes. A search of a 2,048-GPU cluster
+(``scenarios/cluster-2048.yaml``) retains 11 to 54 kB, whether made here or adopted from a worker process
+(measured: the bytes tracemalloc sees freed when the entry is dropped, five models from gpt3-125m to
+llama3.1-405b; MARP's memo caches, which a search fills too, are bounded on their own and not counted), so
+256 MiB keeps about 5,000 searches of the largest kind: more than the 4,096 the count bound kept before, at a
+known worst case however many distinct jobs a service sees."""
+
+
+def search_key(spec: JobSpec) -> tuple[object, ...]:
+    """What changes a job's plan search: everything but its name, step count and the scheduling fields other
+    than ``max_gpus`` (a tuple: cheaper to build than a new :class:`JobSpec`)."""
+    t = spec.training
+    return (
+        spec.model,
+        spec.parallel,
+        spec.pinned,
+        t.seq_len,
+        t.micro_batch_size,
+        t.global_batch_size,
+        t.precision,
+        t.optimizer,
+        t.runtime,
+        spec.scheduling.max_gpus,
+    )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True, eq=False)
+class Searched:
+    """One plan search of a job shape (:func:`search_options`) and what it was made with:
+    :meth:`OptionCache.adopt` takes only one made with the cache's own step model, filter and option count."""
+
+    key: tuple[object, ...]
+    """The shape searched (:func:`search_key`)."""
+    step_model: StepTimeModel
+    plan_filter: PlanFilter | None
+    max_options_per_type: int
+    per_count: dict[tuple[str, int], Option]
+    """The fastest one-step option for every admissible (GPU type, GPU count); shared, do not modify."""
+    options: tuple[Option, ...]
+    """The candidate options for one training step (durations not rounded)."""
+
+
+def search_options(
+    spec: JobSpec,
+    cluster: ClusterSpec,
+    *,
+    step_model: StepTimeModel = DEFAULT_STEP_MODEL,
+    plan_filter: PlanFilter | None = None,
+    max_options_per_type: int = 4,
+    topology: Topology | None = None,
+) -> Searched:
+    """The plan search :class:`OptionCache` makes for a job shape, as a function of picklable arguments so that
+    a worker process can run it (``topology``: the cluster's, built if not given).
+
+    The plans of one training step (name and step count dropped), filtered inside the search, before its
+    dominance rules prune (:func:`enumerate_plans`); their fastest option per admissible (GPU type, GPU count)
+    with runtimes not rounded, capped at ``scheduling.max_gpus``; and the thinned Pareto options of those."""
+    topology = topology or topology_of(cluster)
+    one_step = replace(spec, name="", training=replace(spec.training, train_steps=1))
+    accept = None if plan_filter is None else (lambda plan: plan_filter(plan, spec))
+    plans = enumerate_plans(one_step, cluster, step_model=step_model, plan_filter=accept).plans
+    per_count = best_per_count(plans, topology, round_up=False)
+    cap = spec.scheduling.max_gpus
+    if cap is not None:
+        per_count = {key: o for key, o in per_count.items() if o.num_gpus <= cap}
+    return Searched(
+        key=search_key(spec),
+        step_model=step_model,
+        plan_filter=plan_filter,
+        max_options_per_type=max_options_per_type,
+        per_count=per_count,
+        options=pareto_options(per_count, max_options_per_type),
+    )
+
+
+_NOT_OWNED = (type, ModuleType, FunctionType, BuiltinFunctionType, bool, Enum)
+
+
+def retained_bytes(*roots: object) -> int:
+    """Bytes of every object reachable from ``roots`` (``sys.getsizeof``, each object counted once), not
+    entering classes, functions, modules or enum members, nor counting the interpreter's shared singletons
+    (None, booleans, the small ints -5..256). What the roots share with the rest of the process (a GPU type's
+    name, numbers MARP's memo holds too) is counted and the allocator's own overhead is not: for the searches of
+    :class:`OptionCache` this came within 7 % of the bytes tracemalloc sees freed when the search is dropped
+    (2,048- and 48-GPU clusters, 5 to 28 kB; ``tests/test_admission.py`` checks 15 %)."""
+    seen: set[int] = set()
+    stack = list(roots)
+    total = 0
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen or obj is None or isinstance(obj, _NOT_OWNED):
+            continue
+        if type(obj) is int and -5 <= obj <= 256:  # CPython's preallocated small ints
+            continue
+        seen.add(id(obj))
+        total += sys.getsizeof(obj)
+        stack.extend(gc.get_referents(obj))
+    return total
+
+
 class OptionCache:
     """Candidate options per job, computed once per distinct job shape.
 
     A plan's runtime is its step time x ``train_steps`` (:func:`frenzy_opt.planning.plans.enumerate_plans`) and
     the Pareto front and its thinning only compare runtimes of one job, so they do not depend on the step
-    count: jobs that differ only in name and steps share one plan search, and each gets the shared options
-    with durations rescaled. Workloads of tens of thousands of jobs built from a few dozen model/config
-    templates need a few dozen searches, not one per job.
+    count: jobs that differ only in name and steps share one plan search (:func:`search_options`), and each
+    gets the shared options with durations rescaled. Workloads of tens of thousands of jobs built from a few
+    dozen model/config templates need a few dozen searches, not one per job.
+
+    The searches kept are bounded in bytes (``max_bytes``, :data:`CACHE_BYTES`): each entry's retained size is
+    measured when it is inserted (:func:`retained_bytes`), a running total kept, and the least recently used
+    entries dropped while the total exceeds the bound. A search made elsewhere (the service's admission, in a
+    worker process) is inserted by :meth:`adopt`. One thread writes the cache; :meth:`cached` may be called
+    from others.
     """
 
     def __init__(
@@ -167,9 +281,10 @@ class OptionCache:
         cluster: ClusterSpec,
         topology: Topology,
         max_options_per_type: int = 4,
-        plan_filter: Callable[[Plan, JobSpec], bool] | None = None,
+        plan_filter: PlanFilter | None = None,
         step_model: StepTimeModel = DEFAULT_STEP_MODEL,
-        max_searches: int = 4096,
+        max_bytes: int = CACHE_BYTES,
+        max_searches: int | None = None,
     ) -> None:
         self.cluster = cluster
         self.topology = topology
@@ -177,44 +292,86 @@ class OptionCache:
         self.plan_filter = plan_filter
         """Only plans it accepts become options (e.g. what an executor can run)."""
         self.step_model = step_model
+        self.max_bytes = max_bytes
+        """Retained bytes of the searches kept (least recently used dropped first; the newest is always kept)."""
         self.max_searches = max_searches
-        """Searches kept (least recently used dropped first): about 30 kB each on a 2,048-GPU cluster, so the
-        default bounds the cache near 100 MB however many distinct jobs a service sees."""
-        self._searches: OrderedDict[tuple[object, ...], tuple[dict[tuple[str, int], Option], tuple[Option, ...]]] = (
-            OrderedDict()
-        )
+        """An optional bound on the number of searches kept as well (None: the bytes alone)."""
+        self.cache_bytes = 0
+        """Retained bytes of the searches kept now (the sum of their measured sizes)."""
+        self.searches_run = 0
+        """Searches this cache made itself (not adopted)."""
+        self.adopted = 0
+        """Searches made elsewhere that :meth:`adopt` inserted."""
+        self._searches: OrderedDict[tuple[object, ...], tuple[Searched, int]] = OrderedDict()
 
-    def _search(self, spec: JobSpec) -> tuple[dict[tuple[str, int], Option], tuple[Option, ...]]:
-        t = spec.training
-        # Everything but the name and the step count (a tuple: cheaper to build than a new JobSpec).
-        key: tuple[object, ...] = (spec.model, spec.parallel, spec.pinned, t.seq_len, t.micro_batch_size)
-        key += (t.global_batch_size, t.precision, t.optimizer, t.runtime, spec.scheduling.max_gpus)
+    def __len__(self) -> int:
+        """Searches kept."""
+        return len(self._searches)
+
+    def _search(self, spec: JobSpec) -> Searched:
+        key = search_key(spec)
         found = self._searches.get(key)
         if found is not None:
             self._searches.move_to_end(key)
-        else:
-            one_step = replace(spec, name="", training=replace(t, train_steps=1))
-            keep = self.plan_filter
-            # The filter runs inside the search, before its dominance rules prune (enumerate_plans).
-            accept = None if keep is None else (lambda plan: keep(plan, spec))
-            plans = enumerate_plans(one_step, self.cluster, step_model=self.step_model, plan_filter=accept).plans
-            per_count = best_per_count(plans, self.topology, round_up=False)
-            cap = spec.scheduling.max_gpus
-            if cap is not None:
-                per_count = {key: o for key, o in per_count.items() if o.num_gpus <= cap}
-            found = self._searches[key] = (per_count, pareto_options(per_count, self.max_options_per_type))
-            while len(self._searches) > self.max_searches:
-                self._searches.popitem(last=False)
-        return found
+            return found[0]
+        searched = search_options(
+            spec,
+            self.cluster,
+            step_model=self.step_model,
+            plan_filter=self.plan_filter,
+            max_options_per_type=self.max_options_per_type,
+            topology=self.topology,
+        )
+        self.searches_run += 1
+        self._insert(key, searched)
+        return searched
+
+    def _insert(self, key: tuple[object, ...], searched: Searched) -> None:
+        """Keep a search with its measured size; drop the least recently used beyond the bounds."""
+        size = retained_bytes(searched.per_count, searched.options) + sys.getsizeof(searched) + sys.getsizeof(key)
+        self._searches[key] = (searched, size)
+        self.cache_bytes += size
+        count = self.max_searches
+        while len(self._searches) > 1 and (
+            self.cache_bytes > self.max_bytes or (count is not None and len(self._searches) > count)
+        ):
+            _, (_, dropped) = self._searches.popitem(last=False)
+            self.cache_bytes -= dropped
+
+    def cached(self, spec: JobSpec) -> Searched | None:
+        """The search of ``spec``'s shape if the cache holds it, leaving its recency alone: one dict read, so
+        another thread than the cache's writer may ask (atomic under the interpreter lock)."""
+        found = self._searches.get(search_key(spec))
+        return None if found is None else found[0]
+
+    def adopt(self, spec: JobSpec, searched: Searched) -> bool:
+        """Insert a search made elsewhere (a worker process: :func:`search_options`) as if this cache had made
+        it, if it was made for ``spec``'s shape with this cache's own step model, filter and option count;
+        else (e.g. made before the closed loop replaced the step model) ignore it, and the next lookup
+        searches. True if the cache holds the shape's search now."""
+        key = search_key(spec)
+        if key in self._searches:
+            return True
+        if (
+            searched.key != key
+            or searched.plan_filter != self.plan_filter
+            or searched.max_options_per_type != self.max_options_per_type
+            or searched.step_model != self.step_model
+        ):
+            return False
+        self.adopted += 1
+        # Equal, not the same: a copy unpickled from a worker; keep the cache's own and let the copies go.
+        self._insert(key, replace(searched, key=key, step_model=self.step_model, plan_filter=self.plan_filter))
+        return True
 
     def per_step(self, spec: JobSpec) -> tuple[Option, ...]:
         """The candidate options of ``spec`` for one training step (durations not rounded)."""
-        return self._search(spec)[1]
+        return self._search(spec).options
 
     def per_count(self, spec: JobSpec) -> dict[tuple[str, int], Option]:
         """The fastest one-step option of ``spec`` for every admissible (GPU type, GPU count); shared, do
         not modify."""
-        return self._search(spec)[0]
+        return self._search(spec).per_count
 
     def options(self, spec: JobSpec) -> tuple[Option, ...]:
         """Options of ``spec`` with durations for its ``train_steps`` (whole seconds)."""

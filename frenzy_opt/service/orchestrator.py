@@ -64,6 +64,7 @@ from frenzy_opt.planning.problem import (
     Option,
     OptionCache,
     SchedulingProblem,
+    Searched,
     no_option_message,
     problem_job,
 )
@@ -168,6 +169,8 @@ class Submitted:
 
     record: JobRecord
     spec: JobSpec
+    searched: Searched | None = None
+    """Its plan search made elsewhere (a worker process), for the loop to adopt (:meth:`Orchestrator.submit`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -381,14 +384,26 @@ class Orchestrator:
 
     # --- called from other threads --------------------------------------------------------------------
 
-    def submit(self, record: JobRecord, decided: Waiter | None = None, spec: JobSpec | None = None) -> Waiter:
+    def submit(
+        self,
+        record: JobRecord,
+        decided: Waiter | None = None,
+        spec: JobSpec | None = None,
+        *,
+        searched: Searched | None = None,
+    ) -> Waiter:
         """Queue an accepted job; ``decided`` (a new :class:`threading.Event` if not given) is set once a
         decision has considered it. ``spec`` is the record's spec as the caller parsed it (parsed here if
-        not given)."""
+        not given). ``searched`` is its plan search made in a worker process (the API's admission) with the
+        executor's ``plan_filter()``: the loop's own filter, a closure over the executor's ``supports``, does not
+        pickle, and that function gives the same answers, so the search counts as made with the loop's filter;
+        the loop adopts it (:meth:`OptionCache.adopt`) unless the step model changed meanwhile."""
         waiter: Waiter = threading.Event() if decided is None else decided
+        if searched is not None and searched.plan_filter == self.executor.plan_filter():
+            searched = replace(searched, plan_filter=self._plan_filter)
         with self._lock:
             self._decided[record.id] = waiter
-        self._events.put(Submitted(record, parse_job(record.spec) if spec is None else spec))
+        self._events.put(Submitted(record, parse_job(record.spec) if spec is None else spec, searched))
         return waiter
 
     def cancel(self, job_id: str) -> Future[str]:
@@ -572,6 +587,8 @@ class Orchestrator:
         job_id = event.record.id if isinstance(event, Submitted) else event.job_id
         try:
             if isinstance(event, Submitted):
+                if event.searched is not None:  # searched in a worker: adopted, not searched again here
+                    self.cache.adopt(event.spec, event.searched)
                 self._enqueue(event.record, event.spec, pending)
             elif isinstance(event, Exited):
                 self._exit(event.job_id, event.attempt, event.info, pending)

@@ -38,11 +38,12 @@ from pathlib import Path
 from typing import Any
 
 from frenzy_opt.core.machine import free_port
-from frenzy_opt.core.spec import ParallelConfig
+from frenzy_opt.core.spec import JobSpec, ParallelConfig
 from frenzy_opt.hardware.gpus import lookup_gpu
 from frenzy_opt.launch.executors import ExitInfo, Launch, LogChunk, OnExit, OnReport, attempt_log, read_chunk
 from frenzy_opt.models.arch import ModelArch
 from frenzy_opt.planning.plans import Plan
+from frenzy_opt.planning.problem import PlanFilter
 
 
 def worker_supports(parallel: ParallelConfig, arch: ModelArch, num_micro_batches: int | None = None) -> str | None:
@@ -91,6 +92,12 @@ def device_problem(gpu_type: str, gpus_per_node: int, cpu: bool | None = None) -
 def plan_supported(plan: Plan, arch: ModelArch) -> bool:
     """The executors' ``supports``: whether the training worker runs ``plan`` (:func:`worker_supports`)."""
     return worker_supports(plan.parallel, arch, plan.num_micro_batches) is None
+
+
+def job_plan_supported(plan: Plan, job: JobSpec) -> bool:
+    """:func:`plan_supported` for the job's model: the executors' ``plan_filter`` (picklable, for plan
+    searches in a worker process)."""
+    return plan_supported(plan, job.model)
 
 
 def prepare_run(workdir: Path, launch: Launch, max_steps: int | None) -> tuple[Path, int]:
@@ -167,6 +174,9 @@ class LocalExecutor:
 
     def supports(self, plan: Plan, arch: ModelArch) -> bool:
         return plan_supported(plan, arch)
+
+    def plan_filter(self) -> PlanFilter:
+        return job_plan_supported
 
     def read_log(self, job_id: str, attempt: int, offset: int | None, limit: int) -> LogChunk | None:
         """The attempt's ``attempt-N.log``: every rank's stdout and stderr, as torchrun writes them."""

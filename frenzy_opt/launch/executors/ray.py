@@ -25,9 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from frenzy_opt.launch.executors import ExitInfo, Launch, LogChunk, OnExit, OnReport, attempt_log, read_chunk
-from frenzy_opt.launch.executors.local import plan_supported, prepare_run, summarize
+from frenzy_opt.launch.executors.local import job_plan_supported, plan_supported, prepare_run, summarize
 from frenzy_opt.models.arch import ModelArch
 from frenzy_opt.planning.plans import Plan
+from frenzy_opt.planning.problem import PlanFilter
 
 
 def _actor_class() -> Any:
@@ -107,6 +108,9 @@ class RayExecutor:
 
     def supports(self, plan: Plan, arch: ModelArch) -> bool:
         return plan_supported(plan, arch)
+
+    def plan_filter(self) -> PlanFilter:
+        return job_plan_supported
 
     def read_log(self, job_id: str, attempt: int, offset: int | None, limit: int) -> LogChunk | None:
         """The attempt's ``attempt-N.log`` in the run folder: every rank's output, each line marked

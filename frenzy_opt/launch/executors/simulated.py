@@ -145,6 +145,10 @@ class SimulatedExecutor:
         """Every plan: nothing really runs."""
         return True
 
+    def plan_filter(self) -> None:
+        """None: it supports every plan."""
+        return None
+
     def adopt(self, job_id: str, attempt: int, on_exit: OnExit) -> None:
         """Never called after a restart (runs live in this process only, so :meth:`running` lists none of an
         earlier service's); a direct call reports the run lost."""
