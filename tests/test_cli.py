@@ -27,7 +27,9 @@ GPU_KEYS = ("name", "memory_bytes", "bf16_tflops", "fp32_tflops", "hbm_gbps", "i
 TOTALS = ("peak_allocated_bytes", "peak_reserved_bytes", "device_used_bytes")
 PREDICT_KEYS = ("gpu_type", "parallel", "fits", "capacity_bytes", *TOTALS, "stages")
 PLAN_KEYS = ("gpu_type", "num_gpus", "parallel", "peak_allocated_bytes", "step_time_s", "est_runtime_s")
-CUDA_ONLY = {"allocator_reserve", "cuda_context", "cublas_workspace", "nccl_buffers"}
+CUDA_ONLY = {"allocator_reserve", "cuda_context", "nccl_buffers"}
+BOUND_ROWS = {"states", "activations", "activation_margin", "library_workspaces", "allocator_reserve", "cuda_context",
+              "nccl_buffers", "cached_reserve"}  # fmt: skip
 
 INLINE_MODEL = {
     "num_layers": 8, "hidden_size": 1024, "ffn_hidden_size": 2816, "num_attention_heads": 16, "num_kv_heads": 4,
@@ -113,6 +115,15 @@ def check_prediction(payload: dict[str, Any], gpu: str, pp: int) -> None:
         assert set(breakdown) >= CUDA_ONLY
         assert sum(v for k, v in breakdown.items() if k not in CUDA_ONLY) == stage["peak_allocated_bytes"]
         assert sum(breakdown.values()) == stage["device_used_bytes"]
+        # The bound of parts: model states exact, every row named, the required part what admission tests.
+        bound = stage["bound"]
+        assert set(bound) == BOUND_ROWS
+        states = ("weights", "grads", "master_weights", "optimizer_states", "weight_cache")
+        assert bound["states"] == sum(breakdown[k] for k in states)
+        assert bound["states"] + bound["activations"] + bound["library_workspaces"] == stage["peak_allocated_bytes"]
+        assert stage["required_upper_bytes"] == sum(v for k, v in bound.items() if k != "cached_reserve")
+        assert stage["peak_allocated_upper_bytes"] >= stage["peak_allocated_bytes"]
+        assert stage["device_used_upper_bytes"] >= stage["required_upper_bytes"]
     assert payload["fits"] == (payload["device_used_bytes"] <= payload["capacity_bytes"])
 
 

@@ -37,7 +37,7 @@ def _job(model: str, parallel: dict[str, object] | None = None, **training: obje
 
 def _brute_force(job: JobSpec, cluster: ClusterSpec) -> set[tuple[object, ...]]:
     """Every valid candidate on every GPU, checked with the full per-stage predictor (no shortcuts) against
-    the planner's rule: upper bound plus headroom within the GPU's memory."""
+    the planner's rule: the required bound plus headroom within the GPU's memory."""
     found = set()
     for gpu in cluster.gpu_types():
         precision = effective_precision(gpu, job.training.precision)
@@ -49,7 +49,7 @@ def _brute_force(job: JobSpec, cluster: ClusterSpec) -> set[tuple[object, ...]]:
                 for parallel in _configs_at(base, shape, dp):
                     candidate = base.with_parallel(parallel, micro_batch_size=shape.micro_batch_size)
                     required = int(SHIPPED_FIT.headroom_fraction * gpu.memory_bytes)
-                    if predict_memory(candidate, gpu).device_used_upper_bytes + required <= gpu.memory_bytes:
+                    if predict_memory(candidate, gpu).required_upper_bytes + required <= gpu.memory_bytes:
                         found.add((gpu.name, parallel, shape.micro_batch_size))
     return found
 

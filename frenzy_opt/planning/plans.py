@@ -41,6 +41,7 @@ from frenzy_opt.hardware.gpus import GpuType
 from frenzy_opt.hardware.topology import links_for
 from frenzy_opt.models.arch import ModelArch
 from frenzy_opt.prediction.marp.activations import activation_terms_for
+from frenzy_opt.prediction.marp.bound import MemoryBound
 from frenzy_opt.prediction.marp.fit import SHIPPED_FIT, MemoryFit
 from frenzy_opt.prediction.marp.layout import state_layout_for
 from frenzy_opt.prediction.marp.predictor import (
@@ -48,10 +49,12 @@ from frenzy_opt.prediction.marp.predictor import (
     CudaTerms,
     StageModel,
     cuda_totals,
+    nccl_bytes,
     param_terms,
     peak_stages,
+    stage_bound,
     stage_model_of,
-    upper_bytes,
+    workspace_bytes,
 )
 from frenzy_opt.prediction.marp.stages import chunk_layer_counts, in_flight_layer_microbatches
 from frenzy_opt.prediction.steptime import FLASH_ARCHITECTURES, StepTimeModel, shipped_model, step_terms_of
@@ -78,22 +81,25 @@ class Plan:
     peak_allocated_upper_bytes: int = 0
     peak_reserved_upper_bytes: int = 0
     device_used_upper_bytes: int = 0
+    required_upper_bytes: int = 0
+    """The bound's required part (:attr:`frenzy_opt.prediction.marp.bound.MemoryBound.required`): what
+    admission tests against the GPU's memory less the headroom."""
     required_headroom_bytes: int = 0
     """The headroom the plan was admitted with (``training.memory_headroom`` x capacity)."""
     step_time_p10_s: float | None = None
     """The step time's 10th percentile from the step-time model's cross-validated errors."""
     step_time_p90_s: float | None = None
     memory_risk: bool = False
-    """Admitted on the user's word: the job pins its whole layout, its predicted tensors fit, but the upper
-    bound of the footprint plus the headroom exceeds the GPU (the run may go out of memory)."""
+    """Admitted on the user's word: the job pins its whole layout, its predicted tensors fit, but the
+    required bound plus the headroom exceeds the GPU (the run may go out of memory)."""
     num_micro_batches: int | None = None
     """Micro-batches per step and data-parallel rank, ``global_batch / (micro_batch x dp)`` (set by
     :func:`enumerate_plans`; None for plans made elsewhere). Not serialised: it follows from the job."""
 
     @property
     def headroom_bytes(self) -> int:
-        """Memory left on the GPU above the upper bound of the nvidia-smi footprint."""
-        return self.capacity_bytes - max(self.device_used_upper_bytes, self.device_used_bytes)
+        """Memory left on the GPU above the required bound (the point footprint where that is larger)."""
+        return self.capacity_bytes - max(self.required_upper_bytes, self.device_used_bytes)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -109,6 +115,7 @@ class Plan:
             "peak_allocated_upper_bytes": self.peak_allocated_upper_bytes,
             "peak_reserved_upper_bytes": self.peak_reserved_upper_bytes,
             "device_used_upper_bytes": self.device_used_upper_bytes,
+            "required_upper_bytes": self.required_upper_bytes,
             "required_headroom_bytes": self.required_headroom_bytes,
             "headroom_bytes": self.headroom_bytes,
             "step_time_s": self.step_time_s,
@@ -159,6 +166,7 @@ _PLAN_FIELDS: dict[str, Any] = {
     "peak_allocated_upper_bytes": int,
     "peak_reserved_upper_bytes": int,
     "device_used_upper_bytes": int,
+    "required_upper_bytes": int,
     "required_headroom_bytes": int,
     "step_time_s": _NUMBER,
     "step_time_p10_s": _NUMBER,
@@ -192,14 +200,37 @@ class PlanSearch:
 
     plans: list[Plan]
     min_device_bytes: int | None
-    """Smallest per-GPU footprint of any valid configuration tried (bytes), for the 'fits nowhere' error."""
+    """Smallest required bound of any valid configuration tried (bytes), for the 'fits nowhere' error."""
     num_evaluated: int
+    closest: tuple[str, MemoryBound] | None = None
+    """The refused configuration that came closest to fitting (least required bound over the GPU's memory):
+    the GPU type and its bound, whose parts say what breaks the budget (:meth:`refusal`)."""
+
+    def refusal(self, capacity: dict[str, int]) -> str:
+        """ "on H100-SXM5-80GB: activations 41.0 GiB (margin 3.2) + states 30.1 GiB + extras 2.3 GiB > 79.6
+        GiB" for the closest refusal ('' when none was recorded); ``capacity`` maps GPU names to bytes."""
+        if self.closest is None:
+            return ""
+        where, upper = self.closest
+        return f"on {where}: {upper.explain(capacity.get(where.split(' at ')[0]))}"
 
     def min_gpus_per_type(self) -> dict[str, int]:
         best: dict[str, int] = {}
         for plan in self.plans:
             best[plan.gpu_type] = min(best.get(plan.gpu_type, plan.num_gpus), plan.num_gpus)
         return best
+
+
+def describe_layout(parallel: ParallelConfig, micro_batch_size: int) -> str:
+    """ "dp8 tp4 pp2 vpp2 zero1 selective mb2": the fields of a layout that are not at their defaults."""
+    p = parallel
+    parts = [f"dp{p.dp}"] + [
+        f"{k}{v}" for k, v in (("tp", p.tp), ("pp", p.pp), ("vpp", p.vpp), ("cp", p.cp), ("ep", p.ep)) if v > 1
+    ]
+    if p.sequence_parallel:
+        parts.append("sp")
+    parts += [f"zero{p.zero_stage}", f"recompute {p.recompute}", f"mb{micro_batch_size}"]
+    return " ".join(parts)
 
 
 def effective_precision(gpu: GpuType, precision: str) -> str:
@@ -342,9 +373,10 @@ class _PeakCache:
             training = self._training[micro_batch_size] = replace(self._base, micro_batch_size=micro_batch_size)
         return training
 
-    def allocated(self, p: ParallelConfig, micro_batch_size: int, capacity: int) -> int:
+    def allocated(self, p: ParallelConfig, micro_batch_size: int, capacity: int) -> tuple[int, list[StageModel]]:
         """Peak allocated bytes over the stages that can hold the peak, or a first-stage figure already
-        above ``capacity`` bytes (then the candidate fits nowhere and the exact peak does not matter)."""
+        above ``capacity`` bytes (then the candidate fits nowhere and the exact peak does not matter), and
+        the stage models evaluated."""
         key = (
             micro_batch_size,
             p.tp,
@@ -359,14 +391,16 @@ class _PeakCache:
         )
         models = self._models.setdefault(key, {})
         best = 0
+        evaluated = []
         for stage in peak_stages(p.pp):
             model = models.get(stage)
             if model is None:
                 model = models[stage] = stage_model_of(self._arch, self.training(micro_batch_size), p, stage)
+            evaluated.append(model)
             best = max(best, model.allocated_bytes(p.dp))
             if best > capacity:
                 break
-        return best
+        return best, evaluated
 
 
 DEFAULT_STEP_MODEL = shipped_model()
@@ -427,7 +461,10 @@ def enumerate_plans(
             headroom=headroom,
             plan_filter=plan_filter,
         )
-    return PlanSearch(plans=rank_plans(plans), min_device_bytes=tally.min_device, num_evaluated=tally.evaluated)
+    closest = (tally.closest[1], tally.closest[2]) if tally.closest is not None else None
+    return PlanSearch(
+        plans=rank_plans(plans), min_device_bytes=tally.min_device, num_evaluated=tally.evaluated, closest=closest
+    )
 
 
 def _gpu_groups(job: JobSpec, cluster: ClusterSpec) -> dict[tuple[str, int, int, str], list[GpuType]]:
@@ -478,11 +515,19 @@ def _dp_scan(
 
 @dataclass(slots=True)
 class _Tally:
-    """What a search counts across its GPU groups: the least upper-bound footprint seen and the candidates
-    evaluated."""
+    """What a search counts across its GPU groups: the least required bound seen, the candidates evaluated,
+    and the refused candidate closest to fitting (its bound's parts explain the refusal)."""
 
     min_device: int | None = None
     evaluated: int = 0
+    closest: tuple[float, str, MemoryBound] | None = None
+    """(required bytes over the GPU's memory, "GPU at layout", bound) of the refusal with the least excess."""
+
+    def note_refusal(self, gpu: GpuType, upper: MemoryBound, parallel: ParallelConfig, micro_batch_size: int) -> None:
+        ratio = upper.required / gpu.memory_bytes
+        if self.closest is None or ratio < self.closest[0]:
+            where = f"{gpu.name} at {describe_layout(parallel, micro_batch_size)}"
+            self.closest = (ratio, where, upper)
 
 
 class _Group:
@@ -522,20 +567,23 @@ class _Group:
         self, parallel: ParallelConfig, micro_batch_size: int, limit: int, headroom: float, tally: _Tally
     ) -> list[Plan]:
         """The memory-feasible plans of one candidate on the group's GPU types."""
-        job, fit = self.job, self.fit
-        allocated = self.cache.allocated(parallel, micro_batch_size, limit)
+        job = self.job
+        allocated, models = self.cache.allocated(parallel, micro_batch_size, limit)
         tally.evaluated += 1
         terms = None
         out = []
         for link_gpus in self.by_link:
-            reserved, used = cuda_totals(allocated, parallel, self.cuda, link_gpus[0])
-            used_upper = upper_bytes(used, "device_used", fit)
-            tally.min_device = used_upper if tally.min_device is None else min(tally.min_device, used_upper)
             for gpu in link_gpus:  # largest memory first
+                upper, workspaces = self._bound(models, parallel, gpu, allocated, headroom)
                 required = int(headroom * gpu.memory_bytes)
-                risky = used_upper + required > gpu.memory_bytes
-                if risky and not (self.user_layout and allocated <= gpu.memory_bytes):
-                    break
+                tally.min_device = upper.required if tally.min_device is None else min(tally.min_device, upper.required)
+                point = allocated + workspaces
+                risky = upper.required + required > gpu.memory_bytes
+                if risky and not (self.user_layout and point <= gpu.memory_bytes):
+                    tally.note_refusal(gpu, upper, parallel, micro_batch_size)
+                    continue
+                outside = upper.rows["cuda_context"] + upper.rows["nccl_buffers"]
+                reserved, used = cuda_totals(point, self.cuda, outside, gpu.memory_bytes)
                 if terms is None:
                     terms = step_terms_of(job.model, self.cache.training(micro_batch_size), parallel)
                 seconds = terms.evaluate(gpu, self.links[gpu.name], self.step_model).total_s
@@ -547,15 +595,16 @@ class _Group:
                         parallel=parallel,
                         micro_batch_size=micro_batch_size,
                         precision=self.labels[gpu.name],
-                        peak_allocated_bytes=allocated,
+                        peak_allocated_bytes=point,
                         peak_reserved_bytes=reserved,
                         device_used_bytes=used,
                         capacity_bytes=gpu.memory_bytes,
                         step_time_s=seconds,
                         est_runtime_s=seconds * job.training.train_steps,
-                        peak_allocated_upper_bytes=upper_bytes(allocated, "max_allocated", fit),
-                        peak_reserved_upper_bytes=upper_bytes(reserved, "max_reserved", fit),
-                        device_used_upper_bytes=used_upper,
+                        peak_allocated_upper_bytes=upper.allocated,
+                        peak_reserved_upper_bytes=upper.reserved,
+                        device_used_upper_bytes=upper.device_used,
+                        required_upper_bytes=upper.required,
                         required_headroom_bytes=required,
                         step_time_p10_s=low,
                         step_time_p90_s=high,
@@ -564,6 +613,31 @@ class _Group:
                     )
                 )
         return out
+
+    def _bound(
+        self, models: list[StageModel], parallel: ParallelConfig, gpu: GpuType, allocated: int, headroom: float
+    ) -> tuple[MemoryBound, int]:
+        """The largest required bound over the candidate's peak stages on ``gpu``, and the workspaces. The
+        allocator replay (:func:`frenzy_opt.prediction.marp.bound.allocator_reserve_bytes`) runs only when
+        the bound without it fits: a candidate already refused without the reserve is refused with it."""
+        runtime = self.job.training.runtime
+        job = replace(self.base, parallel=parallel)
+        workspaces = workspace_bytes(job, self.cuda, gpu.architecture)
+        nccl = nccl_bytes(job, self.cuda, gpu) if self.cuda is not None else 0
+        budget = gpu.memory_bytes - int(headroom * gpu.memory_bytes)
+
+        def worst(with_reserve: bool) -> MemoryBound:
+            bounds = [
+                stage_bound(m, parallel.dp, runtime, self.fit, cuda=self.cuda, workspaces=workspaces, nccl=nccl,
+                            with_reserve=with_reserve)
+                for m in models
+            ]  # fmt: skip
+            return max(bounds, key=lambda b: b.required)
+
+        upper = worst(False)
+        if upper.required > budget or allocated > gpu.memory_bytes:
+            return upper, workspaces
+        return worst(True), workspaces
 
 
 def _accepted(
@@ -693,9 +767,11 @@ def search_or_fail(
         )
     pinned = f" with the pinned parallel fields ({', '.join(sorted(job.pinned))})" if job.pinned else ""
     gib = 2**30
+    why = search.refusal({g.name: g.memory_bytes for g in cluster.gpu_types()})
     raise NoFeasiblePlan(
         f"job {job.name} fits no GPU type of cluster {cluster.name}: it needs at least "
-        f"{search.min_device_bytes / gib:.1f} GiB per GPU (MARP's upper bound) at the largest parallelism the "
+        f"{search.min_device_bytes / gib:.1f} GiB per GPU (MARP's bound) at the largest parallelism the "
         f"cluster allows{pinned}; "
         f"the largest GPU available is {largest.name} with {largest.memory_bytes / gib:.1f} GiB"
+        + (f"; the closest configuration tried ({why}) breaks the budget" if why else "")
     )

@@ -14,10 +14,11 @@ what was measured, and a row is compared like with like:
 the last stage, anything else with the maximum over stages.
 
 **Accuracy** of a row = ``1 - |predicted - measured| / measured``. **Fitted parameters**
-(:class:`MemoryFit`): the allocator's reserve over allocated (``fragmentation``), the memory nvidia-smi
-shows beyond the allocator per GPU architecture (``context_bytes``), and, per metric, the largest
-measured/predicted ratio seen (``upper_ratio``), which makes the upper bound ``predicted x upper_ratio``.
-``fit`` fits them on some rows; ``cross_validate`` refits without each source in turn and scores that
+(:class:`MemoryFit`): for the point prediction, the allocator's reserve over allocated
+(``fragmentation``) and the memory nvidia-smi shows beyond the allocator and NCCL (``context_bytes``);
+for the bound of parts (:mod:`frenzy_opt.prediction.marp.bound`), the margin on activations per runtime
+(``activation_margin``) and the allocator's elastic cache (``cached_fraction``). ``fit`` fits them on
+some rows; ``cross_validate`` refits without each source in turn and scores that
 source's rows with the parameters fitted on the others (leave one source out), so every figure it reports
 is out of sample.
 """
@@ -37,8 +38,9 @@ from typing import Any
 from frenzy_opt.core.enums import Precision, Recompute, Runtime
 from frenzy_opt.core.spec import RECOMPUTES, JobSpec, ParallelConfig, TrainingConfig, check_parallel, default_zero_stage
 from frenzy_opt.models.arch import ModelArch
-from frenzy_opt.prediction.marp.fit import FIT_PATH, METRICS, MemoryFit, load_fit
-from frenzy_opt.prediction.marp.predictor import MemoryPrediction, cuda_terms_of, predict_memory, upper_bytes
+from frenzy_opt.prediction.marp import bound
+from frenzy_opt.prediction.marp.fit import FIT_PATH, MemoryFit, load_fit
+from frenzy_opt.prediction.marp.predictor import MemoryPrediction, StagePrediction, cuda_terms_of, predict_memory
 
 GIB = 2**30
 REQUIRED_COLUMNS = (
@@ -291,14 +293,20 @@ class RowScore:
     predicted_allocated_bytes: int
     predicted_reserved_bytes: int
     predicted_used_bytes: int
-    used_upper_bytes: int = 0
+    required_upper_bytes: int = 0
+    """The bound's required part (what admission tests)."""
     capacity_bytes: int | None = None
+    headroom_fraction: float = 0.0
+    explanation: str = ""
+    """The required bound's parts (:meth:`frenzy_opt.prediction.marp.bound.MemoryBound.explain`)."""
 
     @property
     def admitted(self) -> bool | None:
-        """Whether the planner would admit the run on its own GPU (upper bound of nvidia-smi used within the
-        GPU's memory; the default headroom is 0 while every held-out bound holds)."""
-        return None if self.capacity_bytes is None else self.used_upper_bytes <= self.capacity_bytes
+        """Whether the planner would admit the run on its own GPU: the required bound plus the fit's default
+        headroom within the GPU's memory."""
+        if self.capacity_bytes is None:
+            return None
+        return self.required_upper_bytes + self.headroom_fraction * self.capacity_bytes <= self.capacity_bytes
 
     @property
     def accuracy(self) -> float:
@@ -327,40 +335,48 @@ class RowScore:
             "predicted_allocated_bytes": self.predicted_allocated_bytes,
             "predicted_reserved_bytes": self.predicted_reserved_bytes,
             "predicted_used_bytes": self.predicted_used_bytes,
+            "required_upper_bytes": self.required_upper_bytes,
             "admitted": self.admitted,
         }
 
 
 def _prediction(run: MeasuredRun, fit: MemoryFit) -> MemoryPrediction:
     assert run.job is not None
-    return predict_memory(run.job, None, cuda=cuda_terms_of(replace(fit, rows=max(fit.rows, 1)), run.gpu_family))
+    cuda = cuda_terms_of(replace(fit, rows=max(fit.rows, 1)), run.gpu_family)
+    return predict_memory(run.job, None, cuda=cuda, fit=fit, architecture=run.gpu_family)
 
 
-def _values(run: MeasuredRun, prediction: MemoryPrediction) -> tuple[int, int, int]:
-    stages = [prediction.stages[-1]] if run.last_rank else list(prediction.stages)
-    return (
-        max(s.peak_allocated_bytes for s in stages),
-        max(s.peak_reserved_bytes for s in stages),
-        max(s.device_used_bytes for s in stages),
-    )
+def _stages(run: MeasuredRun, prediction: MemoryPrediction) -> list[StagePrediction]:
+    return [prediction.stages[-1]] if run.last_rank else list(prediction.stages)
 
 
 def score_run(run: MeasuredRun, fit: MemoryFit) -> RowScore:
     assert run.measured_bytes is not None
-    allocated, reserved, used = _values(run, _prediction(run, fit))
+    stages = _stages(run, _prediction(run, fit))
+    allocated = max(s.peak_allocated_bytes for s in stages)
+    reserved = max(s.peak_reserved_bytes for s in stages)
+    used = max(s.device_used_bytes for s in stages)
     predicted = {"max_allocated": allocated, "max_reserved": reserved, "device_used": used}[run.metric]
+    upper = {
+        "max_allocated": max(s.peak_allocated_upper_bytes for s in stages),
+        "max_reserved": max(s.peak_reserved_upper_bytes for s in stages),
+        "device_used": max(s.device_used_upper_bytes for s in stages),
+    }[run.metric]
+    worst = max(stages, key=lambda s: s.required_upper_bytes)
     return RowScore(
         row_id=run.row_id,
         source=run.source,
         metric=run.metric,
         measured_bytes=run.measured_bytes,
         predicted_bytes=predicted,
-        upper_bytes=upper_bytes(predicted, run.metric, fit),
+        upper_bytes=upper,
         predicted_allocated_bytes=allocated,
         predicted_reserved_bytes=reserved,
         predicted_used_bytes=used,
-        used_upper_bytes=upper_bytes(used, "device_used", fit),
+        required_upper_bytes=worst.required_upper_bytes,
         capacity_bytes=run.capacity_bytes,
+        headroom_fraction=fit.headroom_fraction,
+        explanation=bound.MemoryBound(worst.bound).explain(run.capacity_bytes),
     )
 
 
@@ -370,31 +386,23 @@ def usable(runs: Iterable[MeasuredRun]) -> list[MeasuredRun]:
 
 # --- fitting ------------------------------------------------------------------------------------------
 
-UPPER_SLACK = 0.01
-"""Added to the largest fitted ratio: the rows are few, so the largest seen is an optimistic estimate of the
-largest to come (for n rows, the next one exceeds all of them with probability 1 / (n + 1))."""
+MARGIN_SLACK = 0.01
+"""Added to each fitted margin: the rows are few, so the largest shortfall seen is an optimistic estimate of
+the largest to come (for n rows, the next one exceeds all of them with probability 1 / (n + 1))."""
 FRAGMENTATION_GRID = tuple(i / 200 for i in range(0, 101))
 """Reserved / allocated - 1 searched from 0 to 0.5: GMLake (Guo et al., ASPLOS 2024, Fig. 2) measures 5-30 %
 fragmentation in LLM training."""
 CONTEXT_GRID = tuple(i * 64 * 2**20 for i in range(0, 25))
-"""nvidia-smi's memory beyond the allocator, searched from 0 to 1.5 GiB: the CUDA context with PyTorch's
-kernels (the calibration file's Hugging Face rows measure 1,343 MiB on a V100), cuBLAS workspaces (PyTorch
-docs, "Reproducibility": 8 x 4 MiB by default) and NCCL's buffers (NCCL docs, ``NCCL_BUFFSIZE`` 4 MiB per
-channel and peer)."""
+"""nvidia-smi's memory beyond the allocator and NCCL, searched from 0 to 1.5 GiB: the CUDA context with
+PyTorch's kernels (the calibration file's Hugging Face rows measure 1,343 MiB on a V100)."""
 
 
-def fit(runs: Sequence[MeasuredRun], base: MemoryFit | None = None) -> MemoryFit:
-    """Fit :class:`MemoryFit` on ``runs`` (their usable rows).
-
-    One fragmentation and one nvidia-smi excess for every runtime and GPU, chosen on a grid to minimise the
+def _point_fit(rows: Sequence[MeasuredRun], base: MemoryFit) -> MemoryFit:
+    """One fragmentation and one CUDA context for every runtime and GPU, chosen on a grid to minimise the
     mean absolute relative error of the ``max_reserved`` and ``device_used`` rows together (two parameters
-    for all rows: few enough that a held-out source is predicted by what the others taught). Then, with
-    them, one upper ratio for every metric: the largest measured / predicted ratio of any row plus
-    :data:`UPPER_SLACK` (the allocated-memory error dominates every metric, so the metrics share it)."""
-    base = base or MemoryFit()
-    rows = usable(runs)
-    allocated = {r.row_id: score_run(r, replace(base, fragmentation=0.0, default_context_bytes=0, context_bytes={}))
-                 for r in rows}  # fmt: skip
+    for all rows: few enough that a held-out source is predicted by what the others taught)."""
+    zero = replace(base, fragmentation=0.0, default_context_bytes=0, context_bytes={})
+    parts = {r.row_id: _stages(r, _prediction(r, zero)) for r in rows}
     cuda_rows = [r for r in rows if r.metric in ("max_reserved", "device_used")]
     fragmentation, context = base.fragmentation, base.default_context_bytes
     if cuda_rows:
@@ -404,19 +412,75 @@ def fit(runs: Sequence[MeasuredRun], base: MemoryFit | None = None) -> MemoryFit
                 error = 0.0
                 for r in cuda_rows:
                     assert r.measured_bytes is not None
-                    predicted = allocated[r.row_id].predicted_allocated_bytes * (1 + f)
-                    if r.metric == "device_used":
-                        predicted += c
+                    predicted = max(
+                        s.peak_allocated_bytes * (1 + f)
+                        + (c + s.breakdown["nccl_buffers"] if r.metric == "device_used" else 0)
+                        for s in parts[r.row_id]
+                    )
                     error += abs(predicted / r.measured_bytes - 1)
                 if error < best - 1e-12:
                     best, fragmentation, context = error, f, c
-    fitted = replace(base, fragmentation=fragmentation, context_bytes={}, default_context_bytes=context)
-    largest = 1.0
+    return replace(base, fragmentation=fragmentation, context_bytes={}, default_context_bytes=context)
+
+
+def fit(runs: Sequence[MeasuredRun], base: MemoryFit | None = None) -> MemoryFit:
+    """Fit :class:`MemoryFit` on ``runs`` (their usable rows).
+
+    1. The point prediction's fragmentation and CUDA context (:func:`_point_fit`).
+    2. The activation margin of each runtime: the largest shortfall, relative to the predicted activations
+       and temporaries, of a ``max_allocated`` measurement under ``states + activations + workspaces``, plus
+       :data:`MARGIN_SLACK`; a runtime without such rows takes the largest of those margins (the fitted
+       margins measure how far the activation model is off, which does not depend on how the runtime holds
+       its states). Only when no row measures ``max_allocated`` does each runtime take the largest
+       shortfall its ``max_reserved`` and nvidia-smi rows imply for the allocated peak under the point
+       model's fragmentation and context (conservative: it counts the allocator's cache as allocation).
+    3. The elastic cache (``cached_fraction``): the largest excess of a ``max_reserved`` or nvidia-smi
+       measurement over the bound without it (allocated bound + modelled reserve [+ context and NCCL]),
+       relative to the allocated bound, plus :data:`MARGIN_SLACK`.
+    """
+    base = base or MemoryFit()
+    rows = usable(runs)
+    fitted = _point_fit(rows, base)
+    unmargined = replace(fitted, activation_margin={}, default_activation_margin=0.0, cached_fraction=0.0, rows=1)
+    needs: dict[str, float] = {}
+    implied: dict[str, float] = {}
+    cached_needs: list[MeasuredRun] = []
     for r in rows:
-        s = score_run(r, fitted)
-        largest = max(largest, s.measured_bytes / s.predicted_bytes)
-    upper = dict.fromkeys(METRICS, round(largest + UPPER_SLACK, 4))
-    return replace(fitted, upper_ratio=upper, rows=len(rows))
+        assert r.job is not None and r.measured_bytes is not None
+        stages = _stages(r, _prediction(r, unmargined))
+        stage = max(stages, key=lambda s: s.peak_allocated_bytes)
+        b = stage.bound
+        runtime = r.job.training.runtime.value
+        if r.metric == "max_allocated":
+            need = (r.measured_bytes - b["states"] - b["library_workspaces"]) / max(b["activations"], 1) - 1
+            needs[runtime] = max(needs.get(runtime, 0.0), need)
+            continue
+        cached_needs.append(r)
+        # What the row implies for the allocated peak under the point model's allocator and context terms.
+        outside = b["cuda_context"] + b["nccl_buffers"] if r.metric == "device_used" else 0
+        allocated = (r.measured_bytes - outside) / (1 + fitted.fragmentation)
+        need = (allocated - b["states"] - b["library_workspaces"]) / max(b["activations"], 1) - 1
+        implied[runtime] = max(implied.get(runtime, 0.0), need)
+    # Without any max_allocated row, each runtime takes what its other rows imply for its allocated peak.
+    margins = {k: round(max(v, 0.0) + MARGIN_SLACK, 4) for k, v in (needs or implied).items()}
+    default_margin = max(margins.values(), default=0.0)
+    margined = replace(unmargined, activation_margin=margins, default_activation_margin=default_margin)
+    cached = 0.0
+    for r in cached_needs:
+        assert r.measured_bytes is not None
+        stages = _stages(r, _prediction(r, margined))
+        stage = max(stages, key=lambda s: s.required_upper_bytes)
+        b = stage.bound
+        allocated = bound.MemoryBound(b).allocated
+        without = allocated + b["allocator_reserve"]
+        if r.metric == "device_used":
+            without += b["cuda_context"] + b["nccl_buffers"]
+        cached = max(cached, (r.measured_bytes - without) / allocated)
+    return replace(
+        margined,
+        cached_fraction=round(max(cached, 0.0) + MARGIN_SLACK, 4),
+        rows=len(rows),
+    )
 
 
 # --- reports ------------------------------------------------------------------------------------------
@@ -529,10 +593,15 @@ def validate(path: str | Path, fitted: MemoryFit | None = None) -> Validation:
 
 def calibrate(path: str | Path) -> tuple[MemoryFit, Validation]:
     """Fit on every usable row of ``path``; the default headroom is the largest shortfall of a held-out
-    measurement under its leave-one-source-out upper bound (0 when every bound held)."""
+    ``max_allocated`` measurement under its leave-one-source-out allocated bound, as a fraction of the
+    row's GPU memory (0 when every such bound held)."""
     runs = read_measurements(path)
     held_out = cross_validate(runs)
-    shortfall = max((s.measured_bytes / s.upper_bytes - 1 for s in held_out), default=0.0)
+    shortfall = max(
+        ((s.measured_bytes - s.upper_bytes) / s.capacity_bytes for s in held_out
+         if s.metric == "max_allocated" and s.capacity_bytes),
+        default=0.0,
+    )  # fmt: skip
     fitted = replace(fit(runs), headroom_fraction=round(max(shortfall, 0.0), 4), source=Path(path).name)
     rows = usable(runs)
     return fitted, Validation(runs=runs, fit=fitted, in_sample=[score_run(r, fitted) for r in rows], held_out=held_out)
@@ -556,11 +625,18 @@ def render_markdown(result: Validation, command: str) -> str:
         f"Generated by `{command}` (a command in this repository; rerun it to refresh this page). Each row is",
         "scored on the metric its source measured (max_allocated, max_reserved or nvidia-smi used); accuracy",
         "= 1 - |predicted - measured| / measured. **Cross-validated** = leave one source out: the fitted",
-        "parameters (fragmentation, nvidia-smi excess, upper ratio) refitted without the row's source.",
+        "parameters (fragmentation, CUDA context, activation margins, elastic cache) refitted without the row's",
+        "source. The bound is built of parts (`frenzy_opt/prediction/marp/bound.py`): model states exact, the",
+        "activations and temporaries with their runtime's margin, the GEMM libraries' workspaces, the caching",
+        "allocator's reserve from replaying the predicted allocation trace, the CUDA context and NCCL's buffers",
+        "per communicator; `max_reserved` and nvidia-smi bounds add the allocator's elastic cache, which never",
+        "decides admission.",
         "",
-        f"Fit on all rows: fragmentation {f.fragmentation:.3f}, nvidia-smi excess "
-        f"{f.default_context_bytes / GIB:.2f} GiB, upper ratio {f.ratio('max_allocated'):.3f}, default headroom "
-        f"{100 * f.headroom_fraction:.1f} % of GPU memory.",
+        f"Fit on all rows: fragmentation {f.fragmentation:.3f}, CUDA context "
+        f"{f.default_context_bytes / GIB:.2f} GiB, activation margins "
+        + ", ".join(f"{k} {v:.3f}" for k, v in sorted(f.activation_margin.items()))
+        + f" (other runtimes {f.default_activation_margin:.3f}), elastic cache {f.cached_fraction:.3f} of the "
+        f"allocated bound, default headroom {100 * f.headroom_fraction:.1f} % of GPU memory.",
         "",
         "## Overall",
         "",
@@ -574,7 +650,7 @@ def render_markdown(result: Validation, command: str) -> str:
             f"| {label} | {s.rows} | {_pct(s.mean_accuracy)} | {_pct(s.worst_accuracy)} | {s.under_predicted_3pct} "
             f"| {s.upper_under_3pct} | {_pct(s.upper_coverage)} | {_pct(s.admitted)} |"
         )
-    lines += ["", "*Admitted*: the planner's rule (upper bound of nvidia-smi used + headroom within the GPU's "
+    lines += ["", "*Admitted*: the planner's rule (the bound's required part + headroom within the GPU's "
               "memory) applied to the run on the GPU it ran on: the price of the safety margin.", ""]  # fmt: skip
     lines += ["", "## By source (leave one source out)", "",
               "| source | rows | mean accuracy | worst accuracy | under-predicted > 3 % | bound holds |",
@@ -585,20 +661,21 @@ def render_markdown(result: Validation, command: str) -> str:
             f"| {_pct(s.upper_coverage)} |"
         )
     lines += ["", "## Rows", "",
-              "| row | source | metric | measured GiB | predicted GiB | error | cv error | upper GiB (cv) |",
-              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+              "| row | source | metric | measured GiB | predicted GiB | error | cv error | upper GiB (cv) "
+              "| required (cv), parts |",
+              "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     by_id = {s.row_id: s for s in result.in_sample}
     for run in result.runs:
         score = by_id.get(run.row_id)
         if score is None:
             lines.append(
-                f"| {run.row_id} | {run.source[:40]} | {run.metric} | - | - | skipped: {run.skip_reason} | | |"
+                f"| {run.row_id} | {run.source[:40]} | {run.metric} | - | - | skipped: {run.skip_reason} | | | |"
             )
             continue
         cv = held[run.row_id]
         lines.append(
             f"| {run.row_id} | {run.source[:40]} | {run.metric} | {score.measured_bytes / GIB:.2f} "
             f"| {score.predicted_bytes / GIB:.2f} | {100 * score.signed_error:+.1f} % | {100 * cv.signed_error:+.1f} % "
-            f"| {cv.upper_bytes / GIB:.2f} |"
+            f"| {cv.upper_bytes / GIB:.2f} | {cv.explanation} |"
         )
     return "\n".join(lines) + "\n"

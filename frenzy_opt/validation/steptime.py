@@ -838,11 +838,12 @@ def refused(run: StepRun) -> str | None:
         return None
     needed = search.min_device_bytes
     gib = 2**30
+    if not needed:
+        return "no valid configuration"
+    why = search.refusal({run.gpu.name: run.gpu.memory_bytes})
     return (
-        f"memory: the upper bound needs {needed / gib:.1f} GiB per GPU, {run.gpu.name} has "
-        f"{run.gpu.memory_bytes / gib:.1f} GiB"
-        if needed
-        else "no valid configuration"
+        f"memory: the bound needs {needed / gib:.1f} GiB per GPU, {run.gpu.name} has "
+        f"{run.gpu.memory_bytes / gib:.1f} GiB" + (f" ({why})" if why else "")
     )
 
 

@@ -3,7 +3,7 @@
 ``frenzy calibrate ../shared/calibration/memory-measured.csv --name memory`` refits them
 (:func:`frenzy_opt.validation.measured.fit`) from the calibration file's published measured runs and
 writes the file; :func:`load_fit` reads it. Without a shipped file the public defaults of
-:class:`frenzy_opt.prediction.marp.predictor.CudaTerms` apply and upper bounds equal the predictions.
+:class:`frenzy_opt.prediction.marp.predictor.CudaTerms` apply and the bound's margins are 0.
 """
 
 from __future__ import annotations
@@ -33,7 +33,9 @@ class MemoryFit:
     fragmentation: float = PUBLIC_FRAGMENTATION
     context_bytes: dict[str, int] = field(default_factory=dict)
     default_context_bytes: int = PUBLIC_CONTEXT_BYTES
-    upper_ratio: dict[str, float] = field(default_factory=lambda: dict.fromkeys(METRICS, 1.0))
+    activation_margin: dict[str, float] = field(default_factory=dict)
+    default_activation_margin: float = 0.0
+    cached_fraction: float = 0.0
     headroom_fraction: float = 0.0
     rows: int = 0
     source: str = "public defaults (no fit shipped)"
@@ -41,8 +43,8 @@ class MemoryFit:
     def context_of(self, family: str | None) -> int:
         return self.context_bytes.get(family or "", self.default_context_bytes)
 
-    def ratio(self, metric: str) -> float:
-        return self.upper_ratio.get(metric, 1.0)
+    def margin_of(self, runtime: str) -> float:
+        return self.activation_margin.get(runtime, self.default_activation_margin)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -53,7 +55,9 @@ class MemoryFit:
             fragmentation=float(data["fragmentation"]),
             context_bytes={k: int(v) for k, v in data.get("context_bytes", {}).items()},
             default_context_bytes=int(data["default_context_bytes"]),
-            upper_ratio={k: float(v) for k, v in data["upper_ratio"].items()},
+            activation_margin={k: float(v) for k, v in data.get("activation_margin", {}).items()},
+            default_activation_margin=float(data.get("default_activation_margin", 0.0)),
+            cached_fraction=float(data.get("cached_fraction", 0.0)),
             headroom_fraction=float(data.get("headroom_fraction", 0.0)),
             rows=int(data.get("rows", 0)),
             source=str(data.get("source", "")),

@@ -9,10 +9,11 @@ components (bytes, one rank):
   (plus the block being recomputed under full recompute, gathered ZeRO-3/FSDP weights and gradients);
 * ``optimizer_step``: model states + the optimizer's temporaries.
 
-``peak_allocated_bytes`` is the largest phase (what ``torch.cuda.max_memory_allocated`` reports).
-``peak_reserved_bytes`` adds the caching allocator's fragmentation and ``device_used_bytes`` the CUDA
-context, the cuBLAS workspace and NCCL's buffers (what nvidia-smi shows); both CUDA-only terms can be
-switched off, as the CPU validation does.
+``peak_allocated_bytes`` is the largest phase plus the GEMM libraries' workspaces (what
+``torch.cuda.max_memory_allocated`` reports). ``peak_reserved_bytes`` adds the caching allocator's
+fitted fragmentation and ``device_used_bytes`` the CUDA context and NCCL's buffers per communicator (what
+nvidia-smi shows); the CUDA-only terms can be switched off, as the CPU validation does. The upper bound
+that admission uses is built of parts in :mod:`frenzy_opt.prediction.marp.bound` (:func:`stage_bound`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from frenzy_opt.core.spec import JobSpec, ParallelConfig, TrainingConfig
 from frenzy_opt.hardware.gpus import GpuType
 from frenzy_opt.models.arch import ModelArch, layer_weight_shapes, shard_param_counts
 from frenzy_opt.prediction.marp import activations as act
+from frenzy_opt.prediction.marp import bound
 from frenzy_opt.prediction.marp.fit import SHIPPED_FIT, MemoryFit
 from frenzy_opt.prediction.marp.layout import StateLayout, state_layout
 from frenzy_opt.prediction.marp.stages import chunk_layer_counts, in_flight_layer_microbatches
@@ -37,31 +39,24 @@ class CudaTerms:
     """CUDA-only memory outside tensors. Defaults are public figures, calibratable from GPU runs."""
 
     fragmentation: float = 0.05
-    """Reserved/allocated - 1. The caching allocator rounds blocks to 2 MiB and splits them (PyTorch docs,
-    "CUDA memory management"); GMLake (Guo et al., ASPLOS 2024, Fig. 2) measures 5-30 % fragmentation in LLM
-    training, the low end for static-shape training without offload."""
+    """Reserved/allocated - 1 of the point prediction. The caching allocator rounds blocks to 2 MiB and
+    splits them (PyTorch docs, "CUDA memory management"); GMLake (Guo et al., ASPLOS 2024, Fig. 2) measures
+    5-30 % fragmentation in LLM training, the low end for static-shape training without offload."""
     context_bytes: int = 500 * MIB
     """CUDA context and kernel images, created at the first CUDA call (NVIDIA CUDA C++ Programming Guide,
     "Initialization"; typically 300-600 MiB with the PyTorch kernels loaded)."""
-    cublas_workspace_bytes: int = 32 * MIB
-    """cuBLAS workspace: PyTorch's default ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` is 8 x 4 MiB (PyTorch docs,
-    "Reproducibility")."""
-    nccl_buffer_bytes: int = 4 * MIB
-    """``NCCL_BUFFSIZE`` default, one buffer per channel per peer direction (NCCL docs, environment vars)."""
-    nccl_channels: int = 16
+    workspaces: bool = True
+    """Count the GEMM libraries' workspaces in the allocated peak (:func:`bound.library_workspace_bytes`)."""
+    nccl: bool = True
+    """Count NCCL's buffers per communicator (:func:`bound.nccl_buffer_bytes`)."""
 
 
 def cuda_terms_of(fit: MemoryFit, family: str | None = None) -> CudaTerms:
-    """The CUDA-only terms of a fit: its fragmentation, and its nvidia-smi excess as the context term (the
-    fit measures context, workspaces and NCCL buffers together). Public defaults when nothing was fitted."""
+    """The CUDA-only terms of a fit: its fragmentation and its CUDA context (what nvidia-smi shows beyond
+    the allocator and NCCL). Public defaults when nothing was fitted."""
     if not fit.rows:
         return CudaTerms()
-    return CudaTerms(
-        fragmentation=fit.fragmentation,
-        context_bytes=fit.context_of(family),
-        cublas_workspace_bytes=0,
-        nccl_buffer_bytes=0,
-    )
+    return CudaTerms(fragmentation=fit.fragmentation, context_bytes=fit.context_of(family))
 
 
 DEFAULT_CUDA = cuda_terms_of(SHIPPED_FIT)
@@ -81,8 +76,12 @@ class StagePrediction:
     peak_allocated_upper_bytes: int = 0
     peak_reserved_upper_bytes: int = 0
     device_used_upper_bytes: int = 0
-    """Upper bounds: each total times the shipped fit's upper ratio (:mod:`frenzy_opt.prediction.marp.fit`), from the
-    leave-one-source-out validation on published measured runs (``frenzy validate memory``)."""
+    """Upper bounds of the three totals (:class:`bound.MemoryBound`), from the fitted margins
+    (:mod:`frenzy_opt.prediction.marp.fit`; ``frenzy validate memory`` cross-validates them)."""
+    required_upper_bytes: int = 0
+    """What must fit the GPU (:attr:`bound.MemoryBound.required`): the planner's test."""
+    bound: dict[str, int] = field(default_factory=dict)
+    """The bound's named rows (:data:`bound.REQUIRED_ROWS` and ``cached_reserve``)."""
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -96,7 +95,9 @@ class StagePrediction:
             "peak_allocated_upper_bytes": self.peak_allocated_upper_bytes,
             "peak_reserved_upper_bytes": self.peak_reserved_upper_bytes,
             "device_used_upper_bytes": self.device_used_upper_bytes,
+            "required_upper_bytes": self.required_upper_bytes,
             "breakdown": dict(self.breakdown),
+            "bound": dict(self.bound),
         }
 
 
@@ -132,14 +133,18 @@ class MemoryPrediction:
         return max(s.device_used_upper_bytes for s in self.stages)
 
     @property
+    def required_upper_bytes(self) -> int:
+        return max(s.required_upper_bytes for s in self.stages)
+
+    @property
     def fits(self) -> bool | None:
         """Whether every stage's nvidia-smi footprint fits the GPU (None without a GPU)."""
         return None if self.capacity_bytes is None else self.device_used_bytes <= self.capacity_bytes
 
     @property
     def fits_upper(self) -> bool | None:
-        """Whether every stage's upper bound on the nvidia-smi footprint fits the GPU (the planner's test)."""
-        return None if self.capacity_bytes is None else self.device_used_upper_bytes <= self.capacity_bytes
+        """Whether every stage's required bound fits the GPU (the planner's test, without headroom)."""
+        return None if self.capacity_bytes is None else self.required_upper_bytes <= self.capacity_bytes
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -264,8 +269,34 @@ class StageModel:
     def allocated_bytes(self, dp: int) -> int:
         """Peak allocated bytes at data parallelism ``dp``: the value :func:`predict_stage` reports, without
         building its breakdown (the plan search's fast path)."""
+        return sum(self.split(dp))
+
+    def split(self, dp: int) -> tuple[int, int]:
+        """(model states, everything else at the peak) in bytes at data parallelism ``dp``: the certain and
+        the uncertain part of the allocated peak (:mod:`frenzy_opt.prediction.marp.bound`)."""
         beyond_states = max(self.activations(dp) + self.max_extra_with_activations, self.max_extra_without_activations)
-        return sum(self._state_values(dp)) + beyond_states
+        return sum(self._state_values(dp)), beyond_states
+
+    def step_shape(self, dp: int, factor: float) -> bound.StepShape:
+        """The rank's step for :func:`bound.stage_events`, the uncertain sizes times ``factor``."""
+        phase, _ = self.peak_phase(dp)
+        layers = self.num_layers
+        states = tuple(size for value in self._state_values(dp) for size in bound.split_sizes(value, layers))
+        mlp = self.acts.mlp_part
+        rest = max(self.acts.layer - mlp, 0)
+        parts = (mlp, rest // 2, rest - rest // 2)
+        microbatches = self.training.num_micro_batches(dp)
+        in_flight = in_flight_layer_microbatches(self.chunk_layers, self.stage, self.pp, microbatches)
+        return bound.StepShape(
+            state_tensors=states,
+            layer_parts=tuple(int(p * factor) for p in parts),
+            num_layers=layers,
+            in_flight=in_flight if phase.holds_activations else 0.0,
+            peak_temporaries=tuple(
+                int(v * factor) for v in (phase.logits_and_loss, phase.communication_buffers, phase.temporaries)
+            ),
+            backward_transient=int(self.acts.block_incoming_grad * factor),
+        )
 
 
 def stage_model(job: JobSpec, stage: int) -> StageModel:
@@ -365,34 +396,77 @@ def comm_buffer_bytes(
     return buffers
 
 
-def nccl_bytes(parallel: ParallelConfig, cuda: CudaTerms, gpu: GpuType | None) -> int:
-    """One send and one receive buffer per channel for each communicator the rank is in (NCCL docs,
-    ``NCCL_BUFFSIZE`` and ``NCCL_MIN/MAX_NCHANNELS``; PCIe-only nodes use few channels)."""
-    groups = sum(1 for degree in (parallel.dp, parallel.tp, parallel.pp, parallel.cp, parallel.ep) if degree > 1)
-    channels = cuda.nccl_channels if gpu is None or gpu.intra_node == "nvlink" else 2
-    return groups * 2 * channels * cuda.nccl_buffer_bytes
+def nccl_bytes(job: JobSpec, cuda: CudaTerms, gpu: GpuType | None) -> int:
+    """NCCL's buffers of ``job``'s layout (:func:`bound.nccl_buffer_bytes`), 0 when switched off."""
+    if not cuda.nccl:
+        return 0
+    return bound.nccl_buffer_bytes(job.training.runtime, job.parallel, gpu.intra_node if gpu is not None else None)
 
 
-def cuda_totals(
-    allocated: int, parallel: ParallelConfig, cuda: CudaTerms | None, gpu: GpuType | None
-) -> tuple[int, int]:
-    """(peak_reserved_bytes, device_used_bytes) from the allocated peak."""
+def workspace_bytes(job: JobSpec, cuda: CudaTerms | None, architecture: str | None) -> int:
+    """The GEMM libraries' workspaces in the allocator (:func:`bound.library_workspace_bytes`), 0 on the CPU."""
+    if cuda is None or not cuda.workspaces:
+        return 0
+    return bound.library_workspace_bytes(job.training.runtime, architecture)
+
+
+def cuda_totals(allocated: int, cuda: CudaTerms | None, outside: int, capacity: int | None = None) -> tuple[int, int]:
+    """(peak_reserved_bytes, device_used_bytes) from the allocated peak and the memory ``outside`` the
+    allocator (CUDA context and NCCL buffers). On a GPU of ``capacity`` bytes the allocator's cache stops
+    where the device ends: it frees cached segments and retries before it fails (``release_cached_blocks``,
+    :mod:`frenzy_opt.prediction.marp.allocator`), so the fitted fragmentation never pushes a run over."""
     if cuda is None:
         return allocated, allocated
     reserved = int(allocated * (1 + cuda.fragmentation))
-    used = reserved + cuda.context_bytes + cuda.cublas_workspace_bytes + nccl_bytes(parallel, cuda, gpu)
-    return reserved, used
+    if capacity is not None:
+        reserved = max(allocated, min(reserved, capacity - outside))
+    return reserved, reserved + outside
 
 
-def upper_bytes(value: int, metric: str, fit: MemoryFit = SHIPPED_FIT) -> int:
-    """The upper bound of a predicted total (``metric`` one of :data:`frenzy_opt.prediction.marp.fit.METRICS`)."""
-    return math.ceil(value * fit.ratio(metric))
+def stage_bound(
+    model: StageModel,
+    dp: int,
+    runtime: str,
+    fit: MemoryFit,
+    *,
+    cuda: CudaTerms | None,
+    workspaces: int,
+    nccl: int,
+    with_reserve: bool = True,
+) -> bound.MemoryBound:
+    """The rank's bound of parts (:mod:`frenzy_opt.prediction.marp.bound`). ``with_reserve=False`` leaves
+    the allocator replay out (a lower figure the plan search refuses on before paying for the replay)."""
+    states, beyond = model.split(dp)
+    margin = fit.margin_of(runtime)
+    rows = {
+        "states": states,
+        "activations": beyond,
+        "activation_margin": math.ceil(margin * beyond),
+        "library_workspaces": workspaces,
+        "allocator_reserve": 0,
+        "cuda_context": 0,
+        "nccl_buffers": 0,
+        "cached_reserve": 0,
+    }
+    if cuda is not None:
+        if with_reserve:
+            rows["allocator_reserve"] = bound.allocator_reserve_bytes(model.step_shape(dp, 1 + margin))
+        rows["cuda_context"] = cuda.context_bytes
+        rows["nccl_buffers"] = nccl
+        allocated = states + beyond + rows["activation_margin"] + workspaces
+        rows["cached_reserve"] = math.ceil(fit.cached_fraction * allocated)
+    return bound.MemoryBound(rows)
 
 
 def predict_stage(
-    job: JobSpec, stage: int, cuda: CudaTerms | None, gpu: GpuType | None, fit: MemoryFit = SHIPPED_FIT
+    job: JobSpec,
+    stage: int,
+    cuda: CudaTerms | None,
+    gpu: GpuType | None,
+    fit: MemoryFit = SHIPPED_FIT,
+    architecture: str | None = None,
 ) -> StagePrediction:
-    """One stage's peak and its named breakdown (see the module docstring for the phases)."""
+    """One stage's peak and its named breakdown (see the module docstring for the phases), and its bound."""
     model = stage_model(job, stage)
     dp = job.parallel.dp
     phase, _ = model.peak_phase(dp)
@@ -403,15 +477,20 @@ def predict_stage(
         "communication_buffers": phase.communication_buffers,
         "temporaries": phase.temporaries,
     }
+    workspaces = workspace_bytes(job, cuda, gpu.architecture if gpu is not None else architecture)
+    if cuda is not None:
+        breakdown["library_workspaces"] = workspaces
     allocated = sum(breakdown.values())
-    reserved, used = cuda_totals(allocated, job.parallel, cuda, gpu)
+    nccl = nccl_bytes(job, cuda, gpu) if cuda is not None else 0
+    outside = cuda.context_bytes + nccl if cuda is not None else 0
+    reserved, used = cuda_totals(allocated, cuda, outside, gpu.memory_bytes if gpu is not None else None)
     if cuda is not None:
         breakdown |= {
             "allocator_reserve": reserved - allocated,
             "cuda_context": cuda.context_bytes,
-            "cublas_workspace": cuda.cublas_workspace_bytes,
-            "nccl_buffers": nccl_bytes(job.parallel, cuda, gpu),
+            "nccl_buffers": nccl,
         }
+    upper = stage_bound(model, dp, job.training.runtime, fit, cuda=cuda, workspaces=workspaces, nccl=nccl)
     return StagePrediction(
         stage=stage,
         num_layers=model.num_layers,
@@ -421,9 +500,11 @@ def predict_stage(
         peak_allocated_bytes=allocated,
         peak_reserved_bytes=reserved,
         device_used_bytes=used,
-        peak_allocated_upper_bytes=upper_bytes(allocated, "max_allocated", fit),
-        peak_reserved_upper_bytes=upper_bytes(reserved, "max_reserved", fit),
-        device_used_upper_bytes=upper_bytes(used, "device_used", fit),
+        peak_allocated_upper_bytes=upper.allocated,
+        peak_reserved_upper_bytes=upper.reserved,
+        device_used_upper_bytes=upper.device_used,
+        required_upper_bytes=upper.required,
+        bound=dict(upper.rows),
     )
 
 
@@ -435,26 +516,45 @@ def peak_stages(pp: int) -> list[int]:
 
 
 def predict_peak(
-    job: JobSpec, gpu: GpuType | None = None, *, cuda: CudaTerms | None = DEFAULT_CUDA
+    job: JobSpec,
+    gpu: GpuType | None = None,
+    *,
+    cuda: CudaTerms | None = DEFAULT_CUDA,
+    fit: MemoryFit = SHIPPED_FIT,
+    architecture: str | None = None,
 ) -> MemoryPrediction:
     """Like :func:`predict_memory` but only for the stages of :func:`peak_stages`."""
-    return _prediction(job, gpu, cuda, peak_stages(job.parallel.pp))
+    return _prediction(job, gpu, cuda, peak_stages(job.parallel.pp), fit, architecture)
 
 
 def predict_memory(
-    job: JobSpec, gpu: GpuType | None = None, *, cuda: CudaTerms | None = DEFAULT_CUDA
+    job: JobSpec,
+    gpu: GpuType | None = None,
+    *,
+    cuda: CudaTerms | None = DEFAULT_CUDA,
+    fit: MemoryFit = SHIPPED_FIT,
+    architecture: str | None = None,
 ) -> MemoryPrediction:
     """Per-stage peak memory of ``job`` at its parallel config, on ``gpu`` if given (for capacity/fit).
 
     ``cuda=None`` switches the CUDA-only terms off (reserved = used = allocated), as on the CPU.
+    ``fit`` gives the bound's margins; ``architecture`` sizes the library workspaces when no ``gpu`` is given
+    (an unknown one takes Hopper's).
     """
-    return _prediction(job, gpu, cuda, list(range(job.parallel.pp)))
+    return _prediction(job, gpu, cuda, list(range(job.parallel.pp)), fit, architecture)
 
 
-def _prediction(job: JobSpec, gpu: GpuType | None, cuda: CudaTerms | None, stages: list[int]) -> MemoryPrediction:
+def _prediction(
+    job: JobSpec,
+    gpu: GpuType | None,
+    cuda: CudaTerms | None,
+    stages: list[int],
+    fit: MemoryFit,
+    architecture: str | None,
+) -> MemoryPrediction:
     chunk_layer_counts(job.model.num_layers, job.parallel.pp, job.parallel.vpp)  # validates pp x vpp
     return MemoryPrediction(
-        stages=tuple(predict_stage(job, stage, cuda, gpu) for stage in stages),
+        stages=tuple(predict_stage(job, stage, cuda, gpu, fit, architecture) for stage in stages),
         capacity_bytes=gpu.memory_bytes if gpu is not None else None,
         gpu_type=gpu.name if gpu is not None else None,
         parallel=job.parallel,
