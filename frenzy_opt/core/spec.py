@@ -57,6 +57,11 @@ class TrainingConfig:
     tp_comm_overlap: bool = False
     """The runtime overlaps tensor-parallel collectives with the GEMMs they feed (Megatron's
     ``--tp-comm-overlap`` with Transformer Engine userbuffers, torchtitan's async TP)."""
+    fp8_param_gather: bool | None = None
+    """fp8 training on Megatron-core keeps its parameters in fp8 and all-gathers them in fp8 (Megatron's
+    ``--fp8-param-gather``, NeMo's ``fp8_param_gather``: "reducing the all-gather overhead by half", NeMo
+    docs, "Communication Overlap"). It needs the distributed optimizer or Megatron FSDP (zero_stage >= 1).
+    None lets the planner choose: on wherever it applies, since it only saves memory and traffic."""
 
     def __post_init__(self) -> None:
         for name in ("seq_len", "micro_batch_size", "global_batch_size", "train_steps"):
@@ -69,6 +74,8 @@ class TrainingConfig:
         check_headroom("training.memory_headroom", self.memory_headroom)
         if not isinstance(self.tp_comm_overlap, bool):
             raise ValueError(f"training.tp_comm_overlap must be true or false, got {self.tp_comm_overlap!r}")
+        if self.fp8_param_gather is not None and not isinstance(self.fp8_param_gather, bool):
+            raise ValueError(f"training.fp8_param_gather must be true, false or null, got {self.fp8_param_gather!r}")
         if self.global_batch_size % self.micro_batch_size:
             raise ValueError(
                 f"training.global_batch_size ({self.global_batch_size}) must be a multiple of "

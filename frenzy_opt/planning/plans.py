@@ -43,7 +43,7 @@ from frenzy_opt.models.arch import ModelArch
 from frenzy_opt.prediction.marp.activations import activation_terms_for
 from frenzy_opt.prediction.marp.bound import MemoryBound
 from frenzy_opt.prediction.marp.fit import SHIPPED_FIT, MemoryFit
-from frenzy_opt.prediction.marp.layout import state_layout_for
+from frenzy_opt.prediction.marp.layout import fp8_param_gather, state_layout_for
 from frenzy_opt.prediction.marp.predictor import (
     DEFAULT_CUDA,
     CudaTerms,
@@ -698,7 +698,9 @@ def _lower_bound(job: JobSpec, shape: _Shape, dp: int) -> float:
     layers = sum(chunks)
     terms = param_terms(arch, shape.tp, ep, shape.pp, layers, True, shape.pp == 1)
     zero = max(ZERO_STAGES_BY_RUNTIME[training.runtime])
-    layout = state_layout_for(training.runtime, training.precision, training.optimizer, zero, dp > 1)
+    layout = state_layout_for(
+        training.runtime, training.precision, training.optimizer, zero, dp > 1, fp8_param_gather(training, zero)
+    )
     acts = activation_terms_for(
         arch,
         training,

@@ -239,6 +239,8 @@ def _job_of(row: dict[str, str]) -> JobSpec:
         precision=Precision(_precision(row["precision"])),
         optimizer=optimizer,
         runtime=Runtime(runtime),
+        # A measured run kept fp8 parameters only when its row says so (Megatron-LM's default is off).
+        fp8_param_gather=any(k in f"{notes} {row['precision'].lower()}" for k in ("fp8-param", "fp8_param")),
     )
     parallel = ParallelConfig(
         dp=dp,

@@ -133,9 +133,6 @@ class StepRun:
 # of launch and framework cost each (CUDA C++ Best Practices Guide, "Kernel launch overhead").
 ELEMENTWISE_PASSES_RANGE = (4.0, 60.0)
 LAYER_OVERHEAD_RANGE = (1e-5, 2e-3)
-# MARP's leave-one-source-out mean error on published runs is about 10 % (docs/marp-validation.md): a
-# configuration predicted within that much above the GPU may well have fit.
-MEMORY_TOLERANCE = 0.10
 # Weight of the pull towards the starting parameters in the fit (a weak ridge term in log space: 0.2-1.0
 # raised the leave-one-source-out error from 28-29 % to 30-32 %).
 PRIOR_WEIGHT = 0.05
@@ -286,14 +283,13 @@ def _eager(framework: str) -> bool:
 
 def _least_recompute_that_fits(job: JobSpec, gpu: GpuType, notes: list[str]) -> JobSpec:
     """A run whose source does not state its recompute ran, so it fit: the least recompute (none, selective,
-    full) whose predicted tensors (``peak_allocated_bytes``) fit the GPU within MARP's cross-validated error
-    (:data:`MEMORY_TOLERANCE`; full when none does). The allocated peak, not the nvidia-smi footprint, is
-    the test: MARP's CUDA-context and allocator terms are its least certain part (docs/marp-validation.md)."""
+    full) that the planner admits on the GPU, by the same bound (the required part of MARP's bound of parts,
+    :mod:`frenzy_opt.prediction.marp.bound`; full when none is admitted)."""
     from frenzy_opt.prediction.marp.predictor import predict_memory
 
     for choice in ("none", "selective", "full"):
         candidate = replace(job, parallel=replace(job.parallel, recompute=Recompute(choice)))
-        if predict_memory(candidate, gpu).peak_allocated_bytes <= gpu.memory_bytes * (1 + MEMORY_TOLERANCE):
+        if predict_memory(candidate, gpu).required_upper_bytes <= gpu.memory_bytes:
             break
     if choice != "none":
         notes.append(f"recompute not stated: {choice}, the least that fits the GPU by MARP's prediction")

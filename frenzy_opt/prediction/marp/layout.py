@@ -99,16 +99,30 @@ def fp8_saves_fp8_inputs(runtime: str) -> bool:
     return runtime != "fsdp2"
 
 
+def fp8_param_gather(training: TrainingConfig, zero: int) -> bool:
+    """Whether the run keeps fp8 parameters (``training.fp8_param_gather``; None: wherever it applies,
+    Megatron-core fp8 with the distributed optimizer or Megatron FSDP)."""
+    applies = training.runtime == "megatron" and training.precision == "fp8" and zero >= 1
+    return applies and training.fp8_param_gather is not False
+
+
 def state_layout(training: TrainingConfig, parallel: ParallelConfig) -> StateLayout:
     """The :class:`StateLayout` of ``training.runtime`` at ``training.precision`` and ``zero_stage``."""
     check_zero_stage(training, parallel)
     return state_layout_for(
-        training.runtime, training.precision, training.optimizer, parallel.zero_stage, parallel.dp > 1
+        training.runtime,
+        training.precision,
+        training.optimizer,
+        parallel.zero_stage,
+        parallel.dp > 1,
+        fp8_param_gather(training, parallel.zero_stage),
     )
 
 
 @functools.lru_cache(maxsize=256)
-def state_layout_for(runtime: str, precision: str, optimizer: str, zero: int, data_parallel: bool) -> StateLayout:
+def state_layout_for(
+    runtime: str, precision: str, optimizer: str, zero: int, data_parallel: bool, fp8_params: bool = False
+) -> StateLayout:
     mixed = precision != "fp32"
     compute = 4 if not mixed else 2
     opt = optimizer_state_bytes(optimizer)
@@ -116,11 +130,14 @@ def state_layout_for(runtime: str, precision: str, optimizer: str, zero: int, da
     master = 4.0 if mixed else 0.0
     if runtime == "megatron":
         # zero_stage 2/3 = Megatron FSDP: the fp32 main_grad buffer and (3) the 16-bit weights sharded too.
+        # fp8 parameters (--fp8-param-gather): the parameter itself is the fp8 copy (1 byte) and only its
+        # transpose is cached (1 byte): Transformer Engine's Float8Tensor keeps ``_data`` and ``_transpose``.
+        weight = 1 if fp8_params else compute
         return StateLayout(
-            compute_bytes=compute, weight_bytes=compute, grad_bytes=4, master_bytes=master, optimizer_bytes=opt,
+            compute_bytes=compute, weight_bytes=weight, grad_bytes=4, master_bytes=master, optimizer_bytes=opt,
             shard_weights=zero >= 3, shard_grads=zero >= 2, shard_optimizer=zero >= 1,
-            weight_cache_bytes=fp8_cache, grad_buffer_bytes=0.0,
-            gathered_weight_bytes=compute if zero >= 3 else 0, gathered_grad_bytes=4 if zero >= 2 else 0,
+            weight_cache_bytes=fp8_cache / 2 if fp8_params else fp8_cache, grad_buffer_bytes=0.0,
+            gathered_weight_bytes=weight if zero >= 3 else 0, gathered_grad_bytes=4 if zero >= 2 else 0,
             transient_grad_bytes=compute,
         )  # fmt: skip
     if runtime == "deepspeed":

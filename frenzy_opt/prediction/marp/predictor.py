@@ -249,7 +249,11 @@ class StageModel:
         if self.adafactor:
             shard = dp * self.cp if self.layout.shard_optimizer else 1
             values[3] = self.params.adafactor_state_bytes / shard
+        # fp8 weight caches follow the weights: under ZeRO-3 / FSDP each rank caches only its shard (the
+        # gathered fp8 copy of a block is a communication buffer), never the whole model.
         cache = self.layout.weight_cache_bytes * self.params.params
+        if self.layout.shard_weights:
+            cache /= dp * self.cp
         return int(values[0]), int(values[1]), int(values[2]), int(values[3]), int(cache)
 
     def activations(self, dp: int) -> int:
