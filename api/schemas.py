@@ -67,6 +67,8 @@ class TrainingIn(_Strict):
     memory_headroom: float | None = Field(default=None, ge=0.0, le=0.9)
     runtime: Runtime = "megatron"
     tp_comm_overlap: bool = False
+    fp8_param_gather: bool | None = None
+    loss_chunks: int | None = Field(default=None, ge=1, le=4096)
 
 
 class ParallelIn(_Strict):
@@ -82,6 +84,8 @@ class ParallelIn(_Strict):
     zero_stage: int | None = Field(default=None, ge=0, le=3)
     recompute: Recompute | None = None
     attention: Attention | None = None
+    first_stage_layers: int | None = Field(default=None, ge=0, le=100_000)
+    last_stage_layers: int | None = Field(default=None, ge=0, le=100_000)
 
 
 class SchedulingIn(_Strict):

@@ -9,7 +9,7 @@ from frenzy_opt.core.spec import JobSpec, ParallelConfig, TrainingConfig, parse_
 from frenzy_opt.models.arch import shard_param_counts
 from frenzy_opt.models.catalog import lookup_model
 from frenzy_opt.prediction.marp.layout import state_layout
-from frenzy_opt.prediction.marp.predictor import predict_memory
+from frenzy_opt.prediction.marp.predictor import TE_SCALING_STATE_BYTES_PER_LAYER, predict_memory
 
 GB = 1e9
 
@@ -85,15 +85,26 @@ def test_fp8_memory_depends_on_the_library_doing_the_casts() -> None:
     te = state_layout(
         TrainingConfig(precision="fp8", runtime="megatron", fp8_param_gather=False), ParallelConfig(dp=8, zero_stage=1)
     )
-    ao = state_layout(TrainingConfig(precision="fp8", runtime="fsdp2"), ParallelConfig(dp=8, zero_stage=3))
+    ao = state_layout(
+        TrainingConfig(precision="fp8", runtime="fsdp2", fp8_param_gather=False), ParallelConfig(dp=8, zero_stage=3)
+    )
     # Transformer Engine caches fp8 weights and their transposes; torchao casts per GEMM.
     assert te.weight_cache_bytes == 2.0 and ao.weight_cache_bytes == 0.0
     bf16 = predict_memory(_job("llama3-8b", {"dp": 8}, runtime="fsdp2", precision="bf16"), None, cuda=None)
-    fp8 = predict_memory(_job("llama3-8b", {"dp": 8}, runtime="fsdp2", precision="fp8"), None, cuda=None)
+    fp8 = predict_memory(
+        _job("llama3-8b", {"dp": 8}, runtime="fsdp2", precision="fp8", fp8_param_gather=False), None, cuda=None
+    )
     assert fp8.peak_allocated_bytes == bf16.peak_allocated_bytes  # torchao saves 16-bit inputs, keeps no copies
+    # torchao's float8 all-gather (the planner's default for fsdp2 fp8) gathers 1-byte blocks instead of 2.
+    auto = state_layout(TrainingConfig(precision="fp8", runtime="fsdp2"), ParallelConfig(dp=8, zero_stage=3))
+    assert auto.gathered_weight_bytes == 1 and ao.gathered_weight_bytes == 2
     meg_bf16 = predict_memory(_job("llama3-8b", {"dp": 8}, precision="bf16"), None, cuda=None).stages[0].breakdown
-    meg_fp8 = predict_memory(
-        _job("llama3-8b", {"dp": 8}, precision="fp8", fp8_param_gather=False), None, cuda=None
-    ).stages[0].breakdown
-    assert meg_fp8["weight_cache"] == 2 * lookup_model("llama3-8b").num_params
+    meg_fp8 = (
+        predict_memory(_job("llama3-8b", {"dp": 8}, precision="fp8", fp8_param_gather=False), None, cuda=None)
+        .stages[0]
+        .breakdown
+    )
+    # 2 bytes per parameter (fp8 data + transpose) and the delayed-scaling amax histories (80 KiB a layer).
+    scaling = lookup_model("llama3-8b").num_layers * TE_SCALING_STATE_BYTES_PER_LAYER
+    assert meg_fp8["weight_cache"] == 2 * lookup_model("llama3-8b").num_params + scaling
     assert meg_fp8["activations"] < meg_bf16["activations"]  # fp8 linear inputs

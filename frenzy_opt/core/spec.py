@@ -58,10 +58,16 @@ class TrainingConfig:
     """The runtime overlaps tensor-parallel collectives with the GEMMs they feed (Megatron's
     ``--tp-comm-overlap`` with Transformer Engine userbuffers, torchtitan's async TP)."""
     fp8_param_gather: bool | None = None
-    """fp8 training on Megatron-core keeps its parameters in fp8 and all-gathers them in fp8 (Megatron's
-    ``--fp8-param-gather``, NeMo's ``fp8_param_gather``: "reducing the all-gather overhead by half", NeMo
-    docs, "Communication Overlap"). It needs the distributed optimizer or Megatron FSDP (zero_stage >= 1).
-    None lets the planner choose: on wherever it applies, since it only saves memory and traffic."""
+    """fp8 training gathers its parameters in fp8: on Megatron-core it keeps them in fp8 (``--fp8-param-
+    gather``, NeMo's ``fp8_param_gather``: "reducing the all-gather overhead by half", NeMo docs,
+    "Communication Overlap"; needs the distributed optimizer or Megatron FSDP, zero_stage >= 1); on fsdp2 it
+    is torchao's float8 all-gather (torchtitan's ``float8.enable_fsdp_float8_all_gather``). None lets the
+    planner choose: on wherever it applies, since it only saves memory and traffic."""
+    loss_chunks: int | None = None
+    """Chunks of the sequence the loss is computed in: torchtitan (fsdp2) wraps its loss in
+    ``ChunkedLossWrapper`` (``torchtitan/components/loss.py``, ``num_chunks``, default 8), which runs the
+    output layer and cross entropy one chunk at a time, so the full logits never exist. 1 = the loss on
+    the full logits; null = the runtime's default (8 on fsdp2, 1 elsewhere). Only fsdp2 chunks its loss."""
 
     def __post_init__(self) -> None:
         for name in ("seq_len", "micro_batch_size", "global_batch_size", "train_steps"):
@@ -71,6 +77,13 @@ class TrainingConfig:
         _check_choice("training.runtime", self.runtime, RUNTIMES)
         object.__setattr__(self, "precision", Precision(self.precision))  # a plain string given: its member
         object.__setattr__(self, "runtime", Runtime(self.runtime))
+        if self.loss_chunks is not None:
+            _check_positive_int("training.loss_chunks", self.loss_chunks)
+            if self.loss_chunks > 1 and self.runtime != "fsdp2":
+                raise ValueError(
+                    f"training.loss_chunks > 1 is torchtitan's chunked loss (runtime fsdp2); training.runtime "
+                    f"is {self.runtime}, which computes the loss on the full logits (use 1 or null)"
+                )
         check_headroom("training.memory_headroom", self.memory_headroom)
         if not isinstance(self.tp_comm_overlap, bool):
             raise ValueError(f"training.tp_comm_overlap must be true or false, got {self.tp_comm_overlap!r}")
@@ -117,6 +130,13 @@ class ParallelConfig:
     attention: str = "flash"
     """Attention kernel: flash (FlashAttention, no score matrix kept) or eager. GPUs before Ampere run
     eager whatever this says."""
+    first_stage_layers: int | None = None
+    """Megatron-core only: transformer layers on the first pipeline stage (``--decoder-first-pipeline-num-
+    layers``); the stages without a fixed count share the rest evenly. None: the runtime's own split
+    (:func:`frenzy_opt.prediction.marp.stages.chunk_layer_counts`)."""
+    last_stage_layers: int | None = None
+    """Megatron-core only: transformer layers on the last pipeline stage (``--decoder-last-pipeline-num-
+    layers``)."""
 
     def __post_init__(self) -> None:
         for name in ("dp", "tp", "pp", "vpp", "cp", "ep"):
@@ -132,6 +152,12 @@ class ParallelConfig:
             raise ValueError("parallel.vpp > 1 needs parallel.pp > 1 (interleaving splits pipeline stages)")
         if self.dp % self.ep:
             raise ValueError(f"parallel.ep ({self.ep}) must divide parallel.dp ({self.dp})")
+        for name in ("first_stage_layers", "last_stage_layers"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                raise ValueError(f"parallel.{name} must be a non-negative integer or null, got {value!r}")
+            if value is not None and self.pp < 2:
+                raise ValueError(f"parallel.{name} needs parallel.pp >= 2")
 
     @property
     def num_gpus(self) -> int:
@@ -142,6 +168,9 @@ class ParallelConfig:
 
 
 PARALLEL_FIELDS = tuple(f.name for f in fields(ParallelConfig))
+SPLIT_FIELDS = ("first_stage_layers", "last_stage_layers")
+"""Parallel fields that refine the pipeline split rather than choose a layout: a job that pins every other
+parallel field pins its whole layout."""
 
 PRIORITY_RANGE = (-100, 100)
 
@@ -236,6 +265,13 @@ def check_parallel(model: ModelArch, training: TrainingConfig, parallel: Paralle
         raise ValueError(
             f"parallel.pp x parallel.vpp ({parallel.pp * parallel.vpp}) must be <= model.num_layers ({arch.num_layers})"
         )
+    if parallel.first_stage_layers is not None or parallel.last_stage_layers is not None:
+        if training.runtime != "megatron":
+            raise ValueError(
+                "parallel.first_stage_layers / last_stage_layers are Megatron-core's uneven pipeline split; "
+                f"training.runtime is {training.runtime}"
+            )
+        check_end_stages(arch.num_layers, parallel)
     per_step = parallel.dp * training.micro_batch_size
     if training.global_batch_size % per_step:
         raise ValueError(
@@ -248,6 +284,26 @@ def check_parallel(model: ModelArch, training: TrainingConfig, parallel: Paralle
             f"to be a multiple of parallel.pp ({parallel.pp})"
         )
     check_zero_stage(training, parallel)
+
+
+def check_end_stages(num_layers: int, parallel: ParallelConfig) -> None:
+    """``ValueError`` unless Megatron-core accepts the uneven first / last pipeline stage
+    (``get_num_layers_to_build``): the stages without a fixed count share the rest of the layers evenly,
+    and every stage's layers split evenly over its ``vpp`` virtual stages."""
+    first, last, pp, vpp = parallel.first_stage_layers, parallel.last_stage_layers, parallel.pp, parallel.vpp
+    rest = num_layers - (first or 0) - (last or 0)
+    middle = pp - (first is not None) - (last is not None)
+    if rest < 0 or (middle == 0 and rest != 0) or (middle > 0 and rest % middle):
+        raise ValueError(
+            f"parallel.first_stage_layers ({first}) and last_stage_layers ({last}) must leave the other "
+            f"{middle} pipeline stages an equal share of the model's {num_layers} layers"
+        )
+    for rank, layers in ((0, first), (pp - 1, last), (1, rest // middle if middle else None)):
+        if layers is not None and layers % vpp:
+            raise ValueError(
+                f"pipeline stage {rank} holds {layers} layers, which its {vpp} virtual stages (parallel.vpp) "
+                "cannot share evenly"
+            )
 
 
 def check_zero_stage(training: TrainingConfig, parallel: ParallelConfig) -> None:

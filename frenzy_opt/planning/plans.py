@@ -29,6 +29,7 @@ from typing import Any
 from frenzy_opt.core.enums import Precision, Recompute
 from frenzy_opt.core.spec import (
     PARALLEL_FIELDS,
+    SPLIT_FIELDS,
     ZERO_STAGES_BY_RUNTIME,
     JobSpec,
     ParallelConfig,
@@ -41,7 +42,7 @@ from frenzy_opt.hardware.gpus import GpuType
 from frenzy_opt.hardware.topology import links_for
 from frenzy_opt.models.arch import ModelArch
 from frenzy_opt.prediction.marp.activations import activation_terms_for
-from frenzy_opt.prediction.marp.bound import MemoryBound
+from frenzy_opt.prediction.marp.bound import MemoryBound, library_workspace_bytes, nccl_buffer_bytes
 from frenzy_opt.prediction.marp.fit import SHIPPED_FIT, MemoryFit
 from frenzy_opt.prediction.marp.layout import fp8_param_gather, state_layout_for
 from frenzy_opt.prediction.marp.predictor import (
@@ -49,14 +50,13 @@ from frenzy_opt.prediction.marp.predictor import (
     CudaTerms,
     StageModel,
     cuda_totals,
-    nccl_bytes,
+    layer_counts,
     param_terms,
     peak_stages,
     stage_bound,
     stage_model_of,
-    workspace_bytes,
 )
-from frenzy_opt.prediction.marp.stages import chunk_layer_counts, in_flight_layer_microbatches
+from frenzy_opt.prediction.marp.stages import chunk_layer_counts, in_flight_layer_microbatches, split_rule
 from frenzy_opt.prediction.steptime import FLASH_ARCHITECTURES, StepTimeModel, shipped_model, step_terms_of
 
 MICRO_BATCH_CHOICES = (1, 2, 4, 8, 16)
@@ -273,10 +273,11 @@ def _shape_choices(job: JobSpec) -> Iterator[tuple[int, int, int]]:
             yield pp, vpp, cp
 
 
-def _zero_choices(job: JobSpec, dp: int) -> list[int]:
+def _zero_choices(job: JobSpec, dp: int, cp: int = 1) -> list[int]:
     runtime = job.training.runtime
     default = {
-        "megatron": [1] if dp > 1 else [0],
+        # Megatron's distributed optimizer shards over the data-parallel group with context parallelism.
+        "megatron": [1] if dp * cp > 1 else [0],
         "deepspeed": [1, 2, 3] if dp > 1 else [0],
         "fsdp2": [3, 2],
         "hf": [0],
@@ -339,7 +340,7 @@ def _dp_choices(job: JobSpec, shape: _Shape, max_gpus: int) -> list[int]:
 def _configs_at(job: JobSpec, shape: _Shape, dp: int) -> Iterator[ParallelConfig]:
     arch = job.model
     eps = [ep for ep in _divisors(arch.num_experts) if dp % ep == 0] if arch.is_moe else [1]
-    for ep, zero in itertools.product(_choices(job, "ep", eps), _zero_choices(job, dp)):
+    for ep, zero in itertools.product(_choices(job, "ep", eps), _zero_choices(job, dp, shape.cp)):
         if dp % ep:
             continue
         yield ParallelConfig(
@@ -353,6 +354,8 @@ def _configs_at(job: JobSpec, shape: _Shape, dp: int) -> Iterator[ParallelConfig
             zero_stage=zero,
             recompute=Recompute(shape.recompute),
             attention=job.parallel.attention,
+            first_stage_layers=job.parallel.first_stage_layers if shape.pp == job.parallel.pp else None,
+            last_stage_layers=job.parallel.last_stage_layers if shape.pp == job.parallel.pp else None,
         )
 
 
@@ -365,7 +368,7 @@ class _PeakCache:
         self._arch = arch
         self._training = {training.micro_batch_size: training}
         self._base = training
-        self._models: dict[tuple[object, ...], dict[int, StageModel]] = {}
+        self._models: dict[tuple[object, ...], dict[int, StageModel | None]] = {}
 
     def training(self, micro_batch_size: int) -> TrainingConfig:
         training = self._training.get(micro_batch_size)
@@ -373,10 +376,12 @@ class _PeakCache:
             training = self._training[micro_batch_size] = replace(self._base, micro_batch_size=micro_batch_size)
         return training
 
-    def allocated(self, p: ParallelConfig, micro_batch_size: int, capacity: int) -> tuple[int, list[StageModel]]:
+    def allocated(
+        self, p: ParallelConfig, micro_batch_size: int, capacity: int
+    ) -> tuple[int, list[tuple[StageModel, tuple[int, int]]]]:
         """Peak allocated bytes over the stages that can hold the peak, or a first-stage figure already
         above ``capacity`` bytes (then the candidate fits nowhere and the exact peak does not matter), and
-        the stage models evaluated."""
+        the stage models evaluated with their (states, rest) split at ``p.dp``."""
         key = (
             micro_batch_size,
             p.tp,
@@ -389,15 +394,19 @@ class _PeakCache:
             p.sequence_parallel,
             p.dp > 1,
         )
-        models = self._models.setdefault(key, {})
+        models = self._models.get(key)
+        training = self.training(micro_batch_size)
+        if models is None:
+            stages = peak_stages(p.pp, layer_counts(self._arch, training, p))
+            models = self._models[key] = dict.fromkeys(stages)
         best = 0
         evaluated = []
-        for stage in peak_stages(p.pp):
-            model = models.get(stage)
+        for stage, model in models.items():
             if model is None:
-                model = models[stage] = stage_model_of(self._arch, self.training(micro_batch_size), p, stage)
-            evaluated.append(model)
-            best = max(best, model.allocated_bytes(p.dp))
+                model = models[stage] = stage_model_of(self._arch, training, p, stage)
+            split = model.split(p.dp)
+            evaluated.append((model, split))
+            best = max(best, split[0] + split[1])
             if best > capacity:
                 break
         return best, evaluated
@@ -530,6 +539,13 @@ class _Tally:
             self.closest = (ratio, where, upper)
 
 
+EXACT_BAND = 0.02
+"""A candidate whose bound (with a reused reserve ratio) is within this fraction of its allocated bound of the
+GPU's budget is replayed at its own dp (:meth:`_Group._bound`)."""
+WORKSPACE_SPREAD = 64 * 2**20
+"""More than the largest difference of :func:`library_workspace_bytes` between two architectures."""
+
+
 class _Group:
     """GPU types that share one search (same precision, node size, GPU count and attention kernel), and how
     a candidate becomes their plans."""
@@ -561,7 +577,8 @@ class _Group:
         # A job that pins its whole layout is a configuration the user runs: it is refused only when its
         # predicted tensors alone (the allocated peak) exceed the GPU, and flagged ``memory_risk`` when the
         # upper bound plus headroom does not fit (MARP's bound is conservative by design, docs/marp-validation.md).
-        self.user_layout = {*PARALLEL_FIELDS, "micro_batch_size"} <= job.pinned
+        self.user_layout = {*PARALLEL_FIELDS, "micro_batch_size"} - set(SPLIT_FIELDS) <= job.pinned
+        self._ratios: dict[int, float] = {}
 
     def plans_of(
         self, parallel: ParallelConfig, micro_batch_size: int, limit: int, headroom: float, tally: _Tally
@@ -572,15 +589,20 @@ class _Group:
         tally.evaluated += 1
         terms = None
         out = []
+        memo: dict[tuple[str, str], tuple[MemoryBound, MemoryBound | None]] = {}
         for link_gpus in self.by_link:
             for gpu in link_gpus:  # largest memory first
-                upper, workspaces = self._bound(models, parallel, gpu, allocated, headroom)
+                upper, workspaces = self._bound(models, parallel, gpu, allocated, headroom, memo)
                 required = int(headroom * gpu.memory_bytes)
                 tally.min_device = upper.required if tally.min_device is None else min(tally.min_device, upper.required)
                 point = allocated + workspaces
                 risky = upper.required + required > gpu.memory_bytes
                 if risky and not (self.user_layout and point <= gpu.memory_bytes):
                     tally.note_refusal(gpu, upper, parallel, micro_batch_size)
+                    # The GPUs after this one have no more memory; only their workspaces (at most 56 MiB
+                    # smaller before Hopper) can make a bound smaller.
+                    if upper.required - WORKSPACE_SPREAD > gpu.memory_bytes:
+                        break
                     continue
                 outside = upper.rows["cuda_context"] + upper.rows["nccl_buffers"]
                 reserved, used = cuda_totals(point, self.cuda, outside, gpu.memory_bytes)
@@ -615,29 +637,67 @@ class _Group:
         return out
 
     def _bound(
-        self, models: list[StageModel], parallel: ParallelConfig, gpu: GpuType, allocated: int, headroom: float
+        self,
+        models: list[tuple[StageModel, tuple[int, int]]],
+        parallel: ParallelConfig,
+        gpu: GpuType,
+        allocated: int,
+        headroom: float,
+        memo: dict[tuple[str, str], tuple[MemoryBound, MemoryBound | None]],
     ) -> tuple[MemoryBound, int]:
         """The largest required bound over the candidate's peak stages on ``gpu``, and the workspaces. The
-        allocator replay (:func:`frenzy_opt.prediction.marp.bound.allocator_reserve_bytes`) runs only when
-        the bound without it fits: a candidate already refused without the reserve is refused with it."""
+        allocator reserve (:meth:`_reserve_ratio`) is added only when the bound without it fits: a candidate
+        already refused without the reserve is refused with it. GPUs of one architecture and link share the
+        bound (``memo``, per candidate); only the elastic cache's cap depends on the GPU's memory."""
         runtime = self.job.training.runtime
-        job = replace(self.base, parallel=parallel)
-        workspaces = workspace_bytes(job, self.cuda, gpu.architecture)
-        nccl = nccl_bytes(job, self.cuda, gpu) if self.cuda is not None else 0
+        workspaces = library_workspace_bytes(runtime, gpu.architecture) if self.cuda is not None else 0
+        key = (gpu.architecture, gpu.intra_node)
+        bare, full = memo.get(key, (None, None))
+        if bare is None:
+            nccl = nccl_buffer_bytes(runtime, parallel, gpu.intra_node) if self.cuda is not None else 0
+            bare = max(
+                (stage_bound(m, parallel.dp, runtime, self.fit, cuda=self.cuda, workspaces=workspaces, nccl=nccl,
+                             with_reserve=False, split=split) for m, split in models),
+                key=lambda b: b.required,
+            )  # fmt: skip
+            memo[key] = (bare, None)
         budget = gpu.memory_bytes - int(headroom * gpu.memory_bytes)
+        upper = bare
+        if bare.required <= budget and allocated <= gpu.memory_bytes and self.cuda is not None:
+            if full is None:
+                nccl = bare.rows["nccl_buffers"]
+                bounds = []
+                for m, split in models:
+                    ratio = self._reserve_ratio(m, parallel.dp, runtime, workspaces)
+                    bounds.append(stage_bound(m, parallel.dp, runtime, self.fit, cuda=self.cuda,
+                                              workspaces=workspaces, nccl=nccl, reserve_ratio=ratio,
+                                              split=split))  # fmt: skip
+                full = max(bounds, key=lambda b: b.required)
+                if abs(full.required - budget) <= EXACT_BAND * full.allocated:
+                    # Near the GPU's edge the reused ratio could decide either way: replay this dp exactly,
+                    # so the search admits what predict_memory's bound admits.
+                    full = max(
+                        (stage_bound(m, parallel.dp, runtime, self.fit, cuda=self.cuda, workspaces=workspaces,
+                                     nccl=nccl, split=split) for m, split in models),
+                        key=lambda b: b.required,
+                    )  # fmt: skip
+                memo[key] = (bare, full)
+            upper = full
+        # The elastic cache ends where the device does (as in predict_stage).
+        room = max(0, gpu.memory_bytes - upper.required)
+        if upper.rows["cached_reserve"] > room:
+            upper = MemoryBound(upper.rows | {"cached_reserve": room})
+        return upper, workspaces
 
-        def worst(with_reserve: bool) -> MemoryBound:
-            bounds = [
-                stage_bound(m, parallel.dp, runtime, self.fit, cuda=self.cuda, workspaces=workspaces, nccl=nccl,
-                            with_reserve=with_reserve)
-                for m in models
-            ]  # fmt: skip
-            return max(bounds, key=lambda b: b.required)
-
-        upper = worst(False)
-        if upper.required > budget or allocated > gpu.memory_bytes:
-            return upper, workspaces
-        return worst(True), workspaces
+    def _reserve_ratio(self, model: StageModel, dp: int, runtime: str, workspaces: int) -> float:
+        """The allocator reserve over the bounded allocated peak of ``model``, replayed once per stage model
+        (at the first dp the search admits it at) and reused at its other dp degrees: the dp scan changes the
+        state shards and the micro-batch count, not the mix of sizes that fragments the cache."""
+        ratio = self._ratios.get(id(model))
+        if ratio is None:
+            upper = stage_bound(model, dp, runtime, self.fit, cuda=self.cuda, workspaces=workspaces, nccl=0)
+            ratio = self._ratios[id(model)] = upper.rows["allocator_reserve"] / max(upper.allocated, 1)
+        return ratio
 
 
 def _accepted(
@@ -694,7 +754,9 @@ def _lower_bound(job: JobSpec, shape: _Shape, dp: int) -> float:
     flight at that dp (the fewest), plus the loss when the first stage is also the last."""
     arch, training = job.model, job.training
     ep = max((e for e in _divisors(arch.num_experts) if dp % e == 0), default=1)
-    chunks = chunk_layer_counts(arch.num_layers, shape.pp, shape.vpp)[:: shape.pp]
+    p = job.parallel
+    split = (p.first_stage_layers, p.last_stage_layers) if shape.pp == p.pp else (None, None)
+    chunks = chunk_layer_counts(arch.num_layers, shape.pp, shape.vpp, split_rule(training.runtime), *split)[:: shape.pp]
     layers = sum(chunks)
     terms = param_terms(arch, shape.tp, ep, shape.pp, layers, True, shape.pp == 1)
     zero = max(ZERO_STAGES_BY_RUNTIME[training.runtime])

@@ -26,6 +26,7 @@ is out of sample.
 from __future__ import annotations
 
 import csv
+import itertools
 import json
 import math
 import re
@@ -224,7 +225,8 @@ def _job_of(row: dict[str, str]) -> JobSpec:
     if runtime == "fsdp2":
         zero = 3
     elif "distributed optimizer" in sharding and "dp=1" not in sharding:
-        zero = 1 if dp > 1 else 0
+        # Megatron's distributed optimizer shards over the data-parallel group with context parallelism.
+        zero = 1 if dp * cp > 1 else 0
     else:
         zero = default_zero_stage(runtime, dp) if runtime == "deepspeed" else 0
     recompute = row["recompute"].split()[0].lower() if row["recompute"].strip() else "none"
@@ -240,7 +242,11 @@ def _job_of(row: dict[str, str]) -> JobSpec:
         optimizer=optimizer,
         runtime=Runtime(runtime),
         # A measured run kept fp8 parameters only when its row says so (Megatron-LM's default is off).
-        fp8_param_gather=any(k in f"{notes} {row['precision'].lower()}" for k in ("fp8-param", "fp8_param")),
+        fp8_param_gather=any(
+            k in f"{notes} {row['precision'].lower()}" for k in ("fp8-param", "fp8_param", "float8 fsdp all-gather")
+        ),
+        # torchtitan chunks its loss only since ChunkedLossWrapper (0.3.0); a row says so when it did.
+        loss_chunks=None if runtime != "fsdp2" or "chunk" in notes else 1,
     )
     parallel = ParallelConfig(
         dp=dp,
@@ -402,7 +408,8 @@ PyTorch's kernels (the calibration file's Hugging Face rows measure 1,343 MiB on
 def _point_fit(rows: Sequence[MeasuredRun], base: MemoryFit) -> MemoryFit:
     """One fragmentation and one CUDA context for every runtime and GPU, chosen on a grid to minimise the
     mean absolute relative error of the ``max_reserved`` and ``device_used`` rows together (two parameters
-    for all rows: few enough that a held-out source is predicted by what the others taught)."""
+    for all rows: few enough that a held-out source is predicted by what the others taught), then a context
+    per GPU architecture that has nvidia-smi rows."""
     zero = replace(base, fragmentation=0.0, default_context_bytes=0, context_bytes={})
     parts = {r.row_id: _stages(r, _prediction(r, zero)) for r in rows}
     cuda_rows = [r for r in rows if r.metric in ("max_reserved", "device_used")]
@@ -422,15 +429,50 @@ def _point_fit(rows: Sequence[MeasuredRun], base: MemoryFit) -> MemoryFit:
                     error += abs(predicted / r.measured_bytes - 1)
                 if error < best - 1e-12:
                     best, fragmentation, context = error, f, c
-    return replace(base, fragmentation=fragmentation, context_bytes={}, default_context_bytes=context)
+    # Then the context of each GPU architecture with nvidia-smi rows of its own, at that fragmentation (the
+    # CUDA context and the kernels loaded differ by architecture); the others keep the common value.
+    per_family: dict[str, int] = {}
+    for family in sorted({r.gpu_family for r in cuda_rows if r.metric == "device_used"}):
+        mine = [r for r in cuda_rows if r.metric == "device_used" and r.gpu_family == family]
+
+        def family_error(c: int, mine: list[MeasuredRun] = mine) -> float:
+            total = 0.0
+            for r in mine:
+                assert r.measured_bytes is not None
+                used = max(s.peak_allocated_bytes * (1 + fragmentation) + c + s.breakdown["nccl_buffers"]
+                           for s in parts[r.row_id])  # fmt: skip
+                total += abs(used / r.measured_bytes - 1)
+            return total
+
+        per_family[family] = min(CONTEXT_GRID, key=family_error)
+    return replace(base, fragmentation=fragmentation, context_bytes=per_family, default_context_bytes=context)
+
+
+def least_margin(rows: Sequence[tuple[float, float]]) -> tuple[float, float]:
+    """The margin ``(a, F)``, ``a >= 0`` relative to the activations and ``F >= 0`` bytes, that covers every
+    ``(activations, shortfall)`` row (``F + a x activations >= shortfall``) with the least total over the
+    rows: a linear programme in two variables, solved at its vertices (the axes and each pair of rows).
+    A fixed cost that a small model's prediction misses goes to ``F``; an error that grows with the
+    activations goes to ``a``, so neither inflates the other's margin for every other job."""
+    if not rows:
+        return 0.0, 0.0
+    total = sum(u for u, _ in rows)
+    candidates = [(max(0.0, max(d / u for u, d in rows)), 0.0), (0.0, max(0.0, max(d for _, d in rows)))]
+    for (u1, d1), (u2, d2) in itertools.combinations(rows, 2):
+        if u1 != u2:
+            a = (d1 - d2) / (u1 - u2)
+            candidates.append((a, d1 - a * u1))
+    feasible = [(a, f) for a, f in candidates if a >= 0 and f >= 0 and all(f + a * u >= d - 1 for u, d in rows)]
+    return min(feasible, key=lambda c: len(rows) * c[1] + c[0] * total)
 
 
 def fit(runs: Sequence[MeasuredRun], base: MemoryFit | None = None) -> MemoryFit:
     """Fit :class:`MemoryFit` on ``runs`` (their usable rows).
 
     1. The point prediction's fragmentation and CUDA context (:func:`_point_fit`).
-    2. The activation margin of each runtime: the largest shortfall, relative to the predicted activations
-       and temporaries, of a ``max_allocated`` measurement under ``states + activations + workspaces``, plus
+    2. The margin of each runtime: the least proportional (relative to the predicted activations and
+       temporaries) and fixed part under which every ``max_allocated`` measurement stays within ``states +
+       activations + workspaces + margin`` (:func:`least_margin`), the proportional part plus
        :data:`MARGIN_SLACK`; a runtime without such rows takes the largest of those margins (the fitted
        margins measure how far the activation model is off, which does not depend on how the runtime holds
        its states). Only when no row measures ``max_allocated`` does each runtime take the largest
@@ -443,9 +485,17 @@ def fit(runs: Sequence[MeasuredRun], base: MemoryFit | None = None) -> MemoryFit
     base = base or MemoryFit()
     rows = usable(runs)
     fitted = _point_fit(rows, base)
-    unmargined = replace(fitted, activation_margin={}, default_activation_margin=0.0, cached_fraction=0.0, rows=1)
-    needs: dict[str, float] = {}
-    implied: dict[str, float] = {}
+    unmargined = replace(
+        fitted,
+        activation_margin={},
+        default_activation_margin=0.0,
+        fixed_margin_bytes={},
+        default_fixed_margin_bytes=0,
+        cached_fraction=0.0,
+        rows=1,
+    )
+    needs: dict[str, list[tuple[float, float]]] = {}
+    implied: dict[str, list[tuple[float, float]]] = {}
     cached_needs: list[MeasuredRun] = []
     for r in rows:
         assert r.job is not None and r.measured_bytes is not None
@@ -453,20 +503,30 @@ def fit(runs: Sequence[MeasuredRun], base: MemoryFit | None = None) -> MemoryFit
         stage = max(stages, key=lambda s: s.peak_allocated_bytes)
         b = stage.bound
         runtime = r.job.training.runtime.value
+        activations = float(max(b["activations"], 1))
         if r.metric == "max_allocated":
-            need = (r.measured_bytes - b["states"] - b["library_workspaces"]) / max(b["activations"], 1) - 1
-            needs[runtime] = max(needs.get(runtime, 0.0), need)
+            shortfall = float(r.measured_bytes - b["states"] - b["library_workspaces"] - b["activations"])
+            needs.setdefault(runtime, []).append((activations, shortfall))
             continue
         cached_needs.append(r)
         # What the row implies for the allocated peak under the point model's allocator and context terms.
         outside = b["cuda_context"] + b["nccl_buffers"] if r.metric == "device_used" else 0
         allocated = (r.measured_bytes - outside) / (1 + fitted.fragmentation)
-        need = (allocated - b["states"] - b["library_workspaces"]) / max(b["activations"], 1) - 1
-        implied[runtime] = max(implied.get(runtime, 0.0), need)
+        shortfall = allocated - b["states"] - b["library_workspaces"] - b["activations"]
+        implied.setdefault(runtime, []).append((activations, shortfall))
     # Without any max_allocated row, each runtime takes what its other rows imply for its allocated peak.
-    margins = {k: round(max(v, 0.0) + MARGIN_SLACK, 4) for k, v in (needs or implied).items()}
+    fitted_margins = {k: least_margin(v) for k, v in (needs or implied).items()}
+    margins = {k: round(a + MARGIN_SLACK, 4) for k, (a, _) in fitted_margins.items()}
+    fixed = {k: int(f) for k, (_, f) in fitted_margins.items()}
     default_margin = max(margins.values(), default=0.0)
-    margined = replace(unmargined, activation_margin=margins, default_activation_margin=default_margin)
+    default_fixed = max(fixed.values(), default=0)
+    margined = replace(
+        unmargined,
+        activation_margin=margins,
+        default_activation_margin=default_margin,
+        fixed_margin_bytes=fixed,
+        default_fixed_margin_bytes=default_fixed,
+    )
     cached = 0.0
     for r in cached_needs:
         assert r.measured_bytes is not None
@@ -635,10 +695,14 @@ def render_markdown(result: Validation, command: str) -> str:
         "decides admission.",
         "",
         f"Fit on all rows: fragmentation {f.fragmentation:.3f}, CUDA context "
-        f"{f.default_context_bytes / GIB:.2f} GiB, activation margins "
-        + ", ".join(f"{k} {v:.3f}" for k, v in sorted(f.activation_margin.items()))
-        + f" (other runtimes {f.default_activation_margin:.3f}), elastic cache {f.cached_fraction:.3f} of the "
-        f"allocated bound, default headroom {100 * f.headroom_fraction:.1f} % of GPU memory.",
+        + ", ".join(f"{k} {v / GIB:.2f} GiB" for k, v in sorted(f.context_bytes.items()))
+        + f" (others {f.default_context_bytes / GIB:.2f} GiB), activation margins "
+        + ", ".join(
+            f"{k} {v:.3f} x activations + {f.fixed_margin_of(k) / 2**20:.0f} MiB"
+            for k, v in sorted(f.activation_margin.items())
+        )
+        + f" (other runtimes the largest), elastic cache {f.cached_fraction:.3f} of the allocated bound, default "
+        f"headroom {100 * f.headroom_fraction:.1f} % of GPU memory.",
         "",
         "## Overall",
         "",

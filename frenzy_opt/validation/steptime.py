@@ -398,6 +398,8 @@ def parse_row(row: dict[str, str]) -> StepRun:
         precision=Precision(precision),
         runtime=Runtime(runtime),
         tp_comm_overlap=overlap,
+        # torchtitan chunks its loss only since ChunkedLossWrapper (0.3.0), later than these sources.
+        loss_chunks=1 if runtime == "fsdp2" else None,
     )
     parallel = ParallelConfig(
         dp=dp,

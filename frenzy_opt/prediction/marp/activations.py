@@ -14,7 +14,9 @@ reference decoder (``frenzy_opt.models.reference``), which are the ones a Megatr
 * SwiGLU keeps the gate, its SiLU, the up projection and their product; GeLU its input and output;
 * a mixture-of-experts layer keeps the router probabilities and, per local expert, the routed tokens and
   that expert's MLP activations at capacity ``ceil(top_k * tokens / num_experts)`` (GShard capacity factor 1);
-* the loss keeps the final norm, the output-layer input and fp32 log-probabilities (``4 * tokens * vocab``).
+* the loss keeps the final norm, the output-layer input and fp32 log-probabilities (``4 * tokens * vocab``);
+  torchtitan's chunked loss (fsdp2, :func:`loss_chunks`) never makes the full logits: it keeps the hidden
+  states and the fp32 buffer of their gradient, and one chunk's logits at a time.
 
 Parallelism divides the shapes as in Korthikanti et al. 2022, Table 2: tensor parallelism divides heads,
 ffn columns and vocabulary by ``tp``; sequence parallelism divides the norm/residual region by ``tp``;
@@ -152,7 +154,8 @@ def _attention_core_bytes(arch: ModelArch, x: Dims, attention: str, recompute: s
     probs = x.b * x.heads * x.s * x.s
     expanded_kv = 2 * x.a * x.tokens * (x.hq - x.hkv)
     native = NATIVE_OPS.get()
-    softmax = FP32 if x.a == FP32 or x.runtime == "hf" or native else x.a
+    unfused = x.runtime == "megatron" and not _fused_softmax_applies(x)
+    softmax = FP32 if x.a == FP32 or x.runtime == "hf" or native or unfused else x.a
     if arch.attention_dropout > 0:
         matmul_input = MASK + x.a
     else:
@@ -161,6 +164,25 @@ def _attention_core_bytes(arch: ModelArch, x: Dims, attention: str, recompute: s
     # one shared mask (Megatron) or none (flash kernels, Hugging Face's additive b x 1 x 1 x s mask).
     causal_mask = x.s * x.s if native else 0
     return (softmax + matmul_input) * probs + causal_mask + expanded_kv
+
+
+def layer_buffer_bytes(arch: ModelArch, training: TrainingConfig, parallel: ParallelConfig) -> int:
+    """Buffers each transformer block keeps across steps beside its parameters: torchtitan's attention layers
+    each own a RoPE module whose ``cache`` buffer holds the complex64 ``(max_seq_len, d / 2)`` table
+    (``ComplexRoPE._precompute_cache``, ``torchtitan/models/common/rope.py``), ``max_seq_len`` set to
+    ``training.seq_len`` by ``Decoder.Config.update_from_config`` (``torchtitan/models/common/decoder.py``);
+    FSDP2 does not shard buffers: ``8 x seq_len x d / 2`` per block. 0 for the other runtimes."""
+    if training.runtime != "fsdp2" or arch.position_embedding != "rope":
+        return 0
+    return 8 * training.seq_len * (arch.kv_channels // 2)
+
+
+def _fused_softmax_applies(x: Dims) -> bool:
+    """Whether Megatron-core's fused scale-mask-softmax kernel runs (``FusedScaleMaskSoftmax.
+    is_kernel_available``, ``megatron/core/fusions/fused_softmax.py``: 16-bit input, ``16 < sk <= 4096``,
+    ``sq`` and ``b x heads / tp`` multiples of 4). Otherwise its PyTorch fallback runs the softmax in fp32
+    (``attention_softmax_in_fp32``) and casts the probabilities back to 16-bit."""
+    return x.a == 2 and 16 < x.s <= 4096 and x.s % 4 == 0 and (x.b * x.heads) % 4 == 0
 
 
 def _hidden_dropout_bytes(arch: ModelArch, x: Dims) -> int:
@@ -246,15 +268,63 @@ def embedding_bytes(arch: ModelArch, training: TrainingConfig, parallel: Paralle
     return INDEX_BYTES * x.tokens + positions + dropout
 
 
+DEFAULT_LOSS_CHUNKS = {"fsdp2": 8}
+"""Chunks a runtime computes its loss in by default: torchtitan 0.3.0's llama3 configs wrap the loss in
+``ChunkedLossWrapper`` (``torchtitan/models/llama3/config_registry.py``), whose ``Config.num_chunks`` is 8
+(``torchtitan/components/loss.py``). The other runtimes compute the loss on the full logits (1)."""
+
+
+def loss_chunks(training: TrainingConfig) -> int:
+    """Chunks of the sequence the loss is computed in (``training.loss_chunks``, else the runtime's default,
+    :data:`DEFAULT_LOSS_CHUNKS`)."""
+    if training.loss_chunks is not None:
+        return training.loss_chunks
+    return DEFAULT_LOSS_CHUNKS.get(training.runtime, 1)
+
+
+def _chunk_tokens(x: Dims, chunks: int) -> int:
+    """Tokens of one loss chunk: ``ChunkedLossWrapper`` splits the rank's sequence into ``chunks`` equal
+    parts (it requires the local sequence length to be a multiple of ``num_chunks``)."""
+    return x.b * math.ceil(x.s / chunks)
+
+
 def loss_bytes(arch: ModelArch, training: TrainingConfig, parallel: ParallelConfig) -> int:
-    """Final norm, output-layer input, fp32 log-probabilities and targets kept for backward."""
+    """Final norm, output-layer input, fp32 log-probabilities and targets kept for backward.
+
+    Under torchtitan's chunked loss (``ChunkedLossWrapper.__call__``, ``torchtitan/components/loss.py``) the
+    output layer and the cross entropy run one chunk at a time, each chunk's backward right after its
+    forward, so no log-probabilities are kept across chunks. Kept instead: the final norm's input and
+    statistics, its output (the hidden states, replicated over the tp ranks before chunking, referenced until
+    the decoder's backward), the fp32 ``GradAccumulator`` buffer of their gradient (``4 * tokens * h``), the
+    chunks themselves when they are copies (``.contiguous()`` of a split along the sequence: a copy unless the
+    micro-batch is one sequence) and the targets. Trace path finding F1 (benchmarks/results/marp_vs_trace.md).
+    """
     x = dims(arch, training, parallel)
+    if loss_chunks(training) > 1:
+        copies = x.a * x.tokens * x.h if x.b > 1 else 0
+        hidden = x.a * x.tokens * x.h + copies + FP32 * x.tokens * x.h
+        return _norm_bytes(arch, x) + hidden + INDEX_BYTES * x.tokens
     return _norm_bytes(arch, x) + x.a_linear * x.tokens * x.h + FP32 * x.tokens * x.vocab + INDEX_BYTES * x.tokens
 
 
 def logits_grad_bytes(arch: ModelArch, training: TrainingConfig, parallel: ParallelConfig) -> int:
+    """The 16-bit gradient of the logits that the output layer's backward takes: one chunk's under a chunked
+    loss (:func:`loss_chunks`)."""
     x = dims(arch, training, parallel)
-    return x.a * x.tokens * x.vocab
+    return x.a * _chunk_tokens(x, loss_chunks(training)) * x.vocab
+
+
+def loss_chunk_bytes(arch: ModelArch, training: TrainingConfig, parallel: ParallelConfig) -> int:
+    """The largest moment inside one chunk of torchtitan's chunked loss (0 unchunked): the chunk's 16-bit
+    logits, their fp32 copy (``cross_entropy_loss`` casts ``pred.float()``) and the fp32 log-probabilities
+    that ``log_softmax`` keeps; in the chunk's backward, the kept log-probabilities, the fp32 gradients of
+    ``nll_loss`` and ``log_softmax`` and the 16-bit logits: ``(a + 3 * 4) * chunk tokens * V / tp`` at most
+    (``torchtitan/components/loss.py``, ``ChunkedLossWrapper.__call__`` and ``cross_entropy_loss``)."""
+    x = dims(arch, training, parallel)
+    chunks = loss_chunks(training)
+    if chunks == 1:
+        return 0
+    return (x.a + 3 * FP32) * _chunk_tokens(x, chunks) * x.vocab
 
 
 def fused_cross_entropy(runtime: str) -> bool:
@@ -265,8 +335,15 @@ def fused_cross_entropy(runtime: str) -> bool:
 
 def loss_backward_transient_bytes(arch: ModelArch, training: TrainingConfig, parallel: ParallelConfig) -> int:
     """Backward of the loss: the fp32 gradient of the log-probabilities and of the logits exist together
-    with the kept log-probabilities (``nll_loss`` then ``log_softmax`` backward), ``8 * tokens * vocab``."""
+    with the kept log-probabilities (``nll_loss`` then ``log_softmax`` backward), ``8 * tokens * vocab``.
+
+    Chunked (torchtitan, :func:`loss_chunks`): when the output layer's weight gradient of the last chunk is
+    reduced (the peak of the loss, :func:`frenzy_opt.prediction.marp.predictor.stage_model_of`), one chunk's
+    16-bit logits and the 16-bit gradient of its hidden states are alive (trace path finding F1)."""
     x = dims(arch, training, parallel)
+    chunks = loss_chunks(training)
+    if chunks > 1:
+        return x.a * _chunk_tokens(x, chunks) * (x.vocab + x.h)
     if fused_cross_entropy(training.runtime):
         # The in-place fp32 gradient, then its 16-bit cast for the output layer's backward.
         return x.a * x.tokens * x.vocab
@@ -306,6 +383,29 @@ def final_norm_bytes(arch: ModelArch, training: TrainingConfig, parallel: Parall
     return _norm_bytes(arch, dims(arch, training, parallel))
 
 
+def persistent_buffer_bytes(arch: ModelArch, training: TrainingConfig, parallel: ParallelConfig) -> int:
+    """Megatron-core's buffers that live from the first step on beside the model states (trace path findings
+    M3 and M4, benchmarks/results/marp_vs_trace.md):
+
+    * the global memory buffer (``parallel_state.get_global_memory_buffer()``, ``GlobalMemoryBuffer`` in
+      ``megatron/core/utils.py``): one tensor per (name, dtype), grown to the largest request and never
+      freed. Under sequence parallelism the column-parallel linears all-gather their input into its "mpu"
+      tensor (``LinearWithGradAccumulationAndAsyncCommunication``, ``tensor_parallel/layers.py``:
+      ``a * tokens * h``, the whole sequence); eager attention takes its ``[b * heads / tp, s, s]`` score
+      matrix from the same "mpu" tensor (``DotProductAttention.forward``): the larger of the two;
+    * the RoPE table ``[s, 1, 1, d]`` in fp32 that ``RotaryEmbedding.forward`` keeps in its ``lru_cache``
+      (``models/common/embeddings/rotary_pos_embedding.py``).
+
+    0 for the other runtimes and for the reference decoder (:func:`native_operators`)."""
+    if training.runtime != "megatron" or NATIVE_OPS.get():
+        return 0
+    x = dims(arch, training, parallel)
+    gather = x.a * x.tokens * x.h if parallel.sequence_parallel and parallel.tp > 1 else 0
+    scores = x.a * x.b * x.heads * x.s * x.s if parallel.attention == "eager" else 0
+    rope = FP32 * x.s * arch.kv_channels if arch.position_embedding == "rope" else 0
+    return max(gather, scores) + rope
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ActivationTerms:
     """Every activation term of one micro-batch on one rank, computed once per shape (see
@@ -324,6 +424,12 @@ class ActivationTerms:
     block_ffn_wide: int
     logits_grad: int = 0
     """The 16-bit gradient of the logits, ``a x tokens x V / tp``, alive through the output layer's backward."""
+    loss_chunk: int = 0
+    """The largest moment inside one chunk of a chunked loss (:func:`loss_chunk_bytes`; 0 unchunked)."""
+    persistent: int = 0
+    """Runtime buffers kept across steps beside the model states (:func:`persistent_buffer_bytes`)."""
+    layer_persistent: int = 0
+    """Such buffers per transformer block of the stage (:func:`layer_buffer_bytes`)."""
 
     def block_backward(self, weight_grad_bytes: int) -> int:
         """:func:`layer_backward_transient_bytes` from the cached parts."""
@@ -342,7 +448,9 @@ def activation_terms(arch: ModelArch, training: TrainingConfig, parallel: Parall
     each shape once."""
     p = parallel
     key = (arch, training.seq_len, training.micro_batch_size, training.precision, training.runtime, p.tp, p.cp, p.ep)
-    return _activation_terms((*key, p.sequence_parallel, p.recompute, p.attention, NATIVE_OPS.get()))
+    return _activation_terms(
+        (*key, p.sequence_parallel, p.recompute, p.attention, NATIVE_OPS.get(), loss_chunks(training))
+    )
 
 
 def activation_terms_for(
@@ -358,12 +466,12 @@ def activation_terms_for(
 ) -> ActivationTerms:
     """:func:`activation_terms` from the fields alone (no :class:`ParallelConfig` to build)."""
     key = (arch, training.seq_len, micro_batch_size, training.precision, training.runtime, tp, cp, ep, sp, recompute)
-    return _activation_terms((*key, "flash", NATIVE_OPS.get()))
+    return _activation_terms((*key, "flash", NATIVE_OPS.get(), loss_chunks(training)))
 
 
 @functools.lru_cache(maxsize=65536)
 def _activation_terms(key: tuple[Any, ...]) -> ActivationTerms:
-    arch, seq_len, mb, precision, runtime, tp, cp, ep, sp, recompute, attention, _native = key
+    arch, seq_len, mb, precision, runtime, tp, cp, ep, sp, recompute, attention, _native, chunks = key
     training = replace(
         _CACHE_TRAINING,
         seq_len=seq_len,
@@ -371,6 +479,7 @@ def _activation_terms(key: tuple[Any, ...]) -> ActivationTerms:
         global_batch_size=mb,
         precision=precision,
         runtime=runtime,
+        loss_chunks=chunks,
     )
     parallel = replace(
         _CACHE_PARALLEL,
@@ -396,4 +505,7 @@ def _activation_terms(key: tuple[Any, ...]) -> ActivationTerms:
         block_ffn_grad=ffn_grad,
         block_ffn_wide=wide,
         logits_grad=logits_grad_bytes(arch, training, parallel),
+        loss_chunk=loss_chunk_bytes(arch, training, parallel),
+        persistent=persistent_buffer_bytes(arch, training, parallel),
+        layer_persistent=layer_buffer_bytes(arch, training, parallel),
     )

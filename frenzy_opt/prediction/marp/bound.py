@@ -6,10 +6,10 @@ One pipeline rank's bound is a sum of named rows (bytes), each shown by ``frenzy
   the layout alone (:mod:`frenzy_opt.prediction.marp.layout`), so they carry **no margin**.
 * ``activations``: everything else the peak phase holds in tensors (activations of the in-flight
   micro-batches, logits and loss, communication buffers, temporaries), as predicted.
-* ``activation_margin``: ``a x activations``, where ``a`` is the fitted margin of the job's runtime
-  (:class:`frenzy_opt.prediction.marp.fit.MemoryFit`: the largest shortfall of a measured ``max_allocated``
-  under ``states + activations + library_workspaces`` over the calibration rows, cross-validated leaving
-  one source out; a runtime without such rows takes the largest margin of any runtime).
+* ``activation_margin``: ``a x activations + F``, the fitted proportional and fixed margins of the job's
+  runtime (:class:`frenzy_opt.prediction.marp.fit.MemoryFit`; the least ``(a, F)`` under which every
+  calibration row that measured ``max_allocated`` stays within ``states + activations + library_workspaces
+  + margin``, cross-validated leaving one source out; a runtime without such rows takes the largest).
 * ``library_workspaces``: the GEMM workspaces that the libraries take from PyTorch's caching allocator and
   keep for the process's life, so they count in ``max_memory_allocated``: PyTorch's cuBLAS workspace and,
   under Megatron-core, Transformer Engine's (:func:`library_workspace_bytes`).
@@ -106,9 +106,10 @@ def nccl_buffer_bytes(runtime: str, parallel: ParallelConfig, intra_node: str | 
 
 # --- the allocator reserve, from an allocation trace ----------------------------------------------------
 
-MAX_SLOTS = 48
+MAX_SLOTS = 16
 """Most activation events per micro-batch and state tensors per copy in :func:`stage_events`: above it,
-neighbouring layers are merged into one event, so a replay stays within a few thousand events."""
+neighbouring layers are merged into one event (the sizes' mix is kept, their number is not), so a replay
+stays within about a thousand events and a plan search can afford one per stage model."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -192,32 +193,23 @@ REQUIRED_ROWS = (
 """The rows whose sum must fit the GPU (module docstring); ``cached_reserve`` is shown after them."""
 
 
-@dataclass(frozen=True, slots=True)
 class MemoryBound:
-    """One rank's bound as named rows (bytes): :data:`REQUIRED_ROWS` plus ``cached_reserve``."""
+    """One rank's bound as named rows (bytes): :data:`REQUIRED_ROWS` plus ``cached_reserve``. The totals are
+    summed once (a plan search reads them many times)."""
 
-    rows: dict[str, int]
+    __slots__ = ("allocated", "device_used", "required", "reserved", "rows")
 
-    @property
-    def allocated(self) -> int:
+    def __init__(self, rows: dict[str, int]) -> None:
+        self.rows = rows
+        self.allocated = rows["states"] + rows["activations"] + rows["activation_margin"] + rows["library_workspaces"]
         """Bound on ``max_memory_allocated``."""
-        r = self.rows
-        return r["states"] + r["activations"] + r["activation_margin"] + r["library_workspaces"]
-
-    @property
-    def required(self) -> int:
+        outside = rows["cuda_context"] + rows["nccl_buffers"]
+        self.required = self.allocated + rows["allocator_reserve"] + outside
         """What must fit the GPU: every row but the elastic cache."""
-        return sum(self.rows[name] for name in REQUIRED_ROWS)
-
-    @property
-    def reserved(self) -> int:
+        self.reserved = self.allocated + rows["allocator_reserve"] + rows["cached_reserve"]
         """Bound on ``max_memory_reserved``."""
-        return self.allocated + self.rows["allocator_reserve"] + self.rows["cached_reserve"]
-
-    @property
-    def device_used(self) -> int:
+        self.device_used = self.reserved + outside
         """Bound on nvidia-smi's used memory."""
-        return self.reserved + self.rows["cuda_context"] + self.rows["nccl_buffers"]
 
     def explain(self, capacity: int | None = None) -> str:
         """ "activations 41.0 GiB + states 30.1 GiB + extras 2.3 GiB > 79.6 GiB": the required rows, grouped

@@ -35,6 +35,10 @@ class MemoryFit:
     default_context_bytes: int = PUBLIC_CONTEXT_BYTES
     activation_margin: dict[str, float] = field(default_factory=dict)
     default_activation_margin: float = 0.0
+    fixed_margin_bytes: dict[str, int] = field(default_factory=dict)
+    """The fixed part of each runtime's margin: what a prediction misses whatever the model's size (small
+    persistent buffers, library state), which dominates below a few GiB."""
+    default_fixed_margin_bytes: int = 0
     cached_fraction: float = 0.0
     headroom_fraction: float = 0.0
     rows: int = 0
@@ -45,6 +49,9 @@ class MemoryFit:
 
     def margin_of(self, runtime: str) -> float:
         return self.activation_margin.get(runtime, self.default_activation_margin)
+
+    def fixed_margin_of(self, runtime: str) -> int:
+        return self.fixed_margin_bytes.get(runtime, self.default_fixed_margin_bytes)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -57,6 +64,8 @@ class MemoryFit:
             default_context_bytes=int(data["default_context_bytes"]),
             activation_margin={k: float(v) for k, v in data.get("activation_margin", {}).items()},
             default_activation_margin=float(data.get("default_activation_margin", 0.0)),
+            fixed_margin_bytes={k: int(v) for k, v in data.get("fixed_margin_bytes", {}).items()},
+            default_fixed_margin_bytes=int(data.get("default_fixed_margin_bytes", 0)),
             cached_fraction=float(data.get("cached_fraction", 0.0)),
             headroom_fraction=float(data.get("headroom_fraction", 0.0)),
             rows=int(data.get("rows", 0)),

@@ -100,10 +100,14 @@ def fp8_saves_fp8_inputs(runtime: str) -> bool:
 
 
 def fp8_param_gather(training: TrainingConfig, zero: int) -> bool:
-    """Whether the run keeps fp8 parameters (``training.fp8_param_gather``; None: wherever it applies,
-    Megatron-core fp8 with the distributed optimizer or Megatron FSDP)."""
-    applies = training.runtime == "megatron" and training.precision == "fp8" and zero >= 1
-    return applies and training.fp8_param_gather is not False
+    """Whether the run gathers its parameters in fp8 (``training.fp8_param_gather``; None: wherever it
+    applies). It applies to Megatron-core fp8 with the distributed optimizer or Megatron FSDP
+    (``--fp8-param-gather``: fp8 parameters) and to fsdp2 fp8 (torchao's ``enable_fsdp_float8_all_gather``,
+    as torchtitan's ``float8.enable_fsdp_float8_all_gather`` sets it: the fp32 shard is cast to fp8 before
+    the all-gather, so the gathered copy of a block is 1 byte per parameter)."""
+    if training.precision != "fp8" or training.fp8_param_gather is False:
+        return False
+    return (training.runtime == "megatron" and zero >= 1) or training.runtime == "fsdp2"
 
 
 def state_layout(training: TrainingConfig, parallel: ParallelConfig) -> StateLayout:
@@ -154,7 +158,7 @@ def state_layout_for(
             compute_bytes=compute, weight_bytes=4, grad_bytes=4, master_bytes=0.0, optimizer_bytes=opt,
             shard_weights=True, shard_grads=True, shard_optimizer=True,
             weight_cache_bytes=fp8_cache, grad_buffer_bytes=0.0,
-            gathered_weight_bytes=compute, gathered_grad_bytes=4, transient_grad_bytes=0,
+            gathered_weight_bytes=1 if fp8_params else compute, gathered_grad_bytes=4, transient_grad_bytes=0,
         )  # fmt: skip
     # hf: fp32 model under autocast; DDP buckets when data parallel.
     return StateLayout(

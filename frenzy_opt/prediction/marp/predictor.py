@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from frenzy_opt.core.spec import JobSpec, ParallelConfig, TrainingConfig
 from frenzy_opt.hardware.gpus import GpuType
@@ -29,7 +29,7 @@ from frenzy_opt.prediction.marp import activations as act
 from frenzy_opt.prediction.marp import bound
 from frenzy_opt.prediction.marp.fit import SHIPPED_FIT, MemoryFit
 from frenzy_opt.prediction.marp.layout import StateLayout, state_layout
-from frenzy_opt.prediction.marp.stages import chunk_layer_counts, in_flight_layer_microbatches
+from frenzy_opt.prediction.marp.stages import chunk_layer_counts, in_flight_layer_microbatches, split_rule
 
 MIB = 2**20
 
@@ -60,6 +60,12 @@ def cuda_terms_of(fit: MemoryFit, family: str | None = None) -> CudaTerms:
 
 
 DEFAULT_CUDA = cuda_terms_of(SHIPPED_FIT)
+TE_SCALING_STATE_BYTES_PER_LAYER = 4 * 5 * 1024 * 4
+"""Transformer Engine's delayed-scaling state per transformer layer, counted with the fp8 weight cache: each
+of its 4 GEMM modules (QKV, attention output, fc1, fc2) keeps an fp32 amax history of ``amax_history_len``
+entries (``DelayedScaling`` default 1024) for its 3 forward (input, weight, output) and 2 backward (grad output,
+grad input) fp8 tensors (TE docs, "Using FP8 with Transformer Engine", ``fp8_meta``): 80 KiB a layer, 10 MiB
+for 126 layers. Current (per-tensor) scaling keeps no history; the bound counts the delayed recipe."""
 STATE_COMPONENTS = ("weights", "grads", "master_weights", "optimizer_states", "weight_cache")
 
 
@@ -198,9 +204,16 @@ class Phase:
     logits_and_loss: int
     communication_buffers: int
     temporaries: int
+    reduced_params: int = 0
+    """Parameters whose gradient shard exists twice at this moment: FSDP2's reduce-scatter writes a new
+    output (``foreach_reduce``: ``reduce_output``, the gradient shard, ``grad bytes / (dp x cp)`` per
+    parameter) that is added to the existing sharded ``.grad`` from the second micro-batch of a step on.
+    Its bytes depend on dp; :meth:`StageModel.at` folds them into ``communication_buffers``."""
 
     @property
     def extra_bytes(self) -> int:
+        """Bytes beyond the states and activations, the reduce-scatter output (``reduced_params``) not
+        included (it depends on dp: :meth:`StageModel.extra_at`)."""
         return self.logits_and_loss + self.communication_buffers + self.temporaries
 
 
@@ -223,7 +236,8 @@ class StageModel:
     training: TrainingConfig
     phases: tuple[Phase, ...]
     max_extra_with_activations: int
-    """Largest ``extra_bytes`` of the phases that hold the activations (derived from ``phases``)."""
+    """Largest ``extra_bytes`` of the phases that hold the activations (derived from ``phases``; a phase's
+    reduce-scatter output counted at dp 1, or 2 when dp > 1: see :func:`_extra_bound`)."""
     max_extra_without_activations: int
 
     @property
@@ -254,6 +268,8 @@ class StageModel:
         cache = self.layout.weight_cache_bytes * self.params.params
         if self.layout.shard_weights:
             cache /= dp * self.cp
+        if self.layout.weight_cache_bytes and self.training.runtime != "fsdp2":
+            cache += self.num_layers * TE_SCALING_STATE_BYTES_PER_LAYER
         return int(values[0]), int(values[1]), int(values[2]), int(values[3]), int(cache)
 
     def activations(self, dp: int) -> int:
@@ -265,10 +281,29 @@ class StageModel:
             held += math.ceil(in_flight) * self.acts.embedding
         return held
 
+    def extra_at(self, phase: Phase, dp: int) -> int:
+        """``phase``'s bytes beyond the states and activations at data parallelism ``dp``."""
+        return phase.extra_bytes + self._reduce_output_bytes(phase, dp)
+
+    def at(self, phase: Phase, dp: int) -> Phase:
+        """``phase`` at data parallelism ``dp``: its reduce-scatter output in ``communication_buffers``."""
+        if not phase.reduced_params:
+            return phase
+        comm = phase.communication_buffers + self._reduce_output_bytes(phase, dp)
+        return replace(phase, communication_buffers=comm, reduced_params=0)
+
+    def _reduce_output_bytes(self, phase: Phase, dp: int) -> int:
+        if not phase.reduced_params:
+            return 0
+        return int(self.layout.per_param(dp * self.cp)[1] * phase.reduced_params)
+
     def peak_phase(self, dp: int) -> tuple[Phase, int]:
-        """The phase holding the peak and its bytes beyond the model states."""
+        """The phase holding the peak (at ``dp``: :meth:`at`) and its bytes beyond the model states."""
         held = self.activations(dp)
-        return max(((p, (held if p.holds_activations else 0) + p.extra_bytes) for p in self.phases), key=lambda x: x[1])
+        phase, beyond = max(
+            ((p, (held if p.holds_activations else 0) + self.extra_at(p, dp)) for p in self.phases), key=lambda x: x[1]
+        )
+        return self.at(phase, dp), beyond
 
     def allocated_bytes(self, dp: int) -> int:
         """Peak allocated bytes at data parallelism ``dp``: the value :func:`predict_stage` reports, without
@@ -278,7 +313,12 @@ class StageModel:
     def split(self, dp: int) -> tuple[int, int]:
         """(model states, everything else at the peak) in bytes at data parallelism ``dp``: the certain and
         the uncertain part of the allocated peak (:mod:`frenzy_opt.prediction.marp.bound`)."""
-        beyond_states = max(self.activations(dp) + self.max_extra_with_activations, self.max_extra_without_activations)
+        held = self.activations(dp)
+        if any(p.reduced_params for p in self.phases):
+            # A phase whose reduce-scatter output depends on dp (:meth:`extra_at`): the exact maximum.
+            beyond_states = max((held if p.holds_activations else 0) + self.extra_at(p, dp) for p in self.phases)
+        else:
+            beyond_states = max(held + self.max_extra_with_activations, self.max_extra_without_activations)
         return sum(self._state_values(dp)), beyond_states
 
     def step_shape(self, dp: int, factor: float) -> bound.StepShape:
@@ -303,20 +343,37 @@ class StageModel:
         )
 
 
+def layer_counts(arch: ModelArch, training: TrainingConfig, parallel: ParallelConfig) -> tuple[int, ...]:
+    """Layers per model chunk as ``training.runtime`` splits them (:func:`chunk_layer_counts`)."""
+    return chunk_layer_counts(
+        arch.num_layers,
+        parallel.pp,
+        parallel.vpp,
+        split_rule(training.runtime),
+        parallel.first_stage_layers,
+        parallel.last_stage_layers,
+    )
+
+
 def stage_model(job: JobSpec, stage: int) -> StageModel:
     return stage_model_of(job.model, job.training, job.parallel, stage)
 
 
 def stage_model_of(arch: ModelArch, training: TrainingConfig, parallel: ParallelConfig, stage: int) -> StageModel:
     """The :class:`StageModel` of pipeline rank ``stage`` (dp only through the ZeRO stage it allows)."""
-    counts = chunk_layer_counts(arch.num_layers, parallel.pp, parallel.vpp)
+    counts = layer_counts(arch, training, parallel)
     chunk_layers = counts[stage :: parallel.pp]
     first, last = stage == 0, stage == parallel.pp - 1
     params = param_terms(arch, parallel.tp, parallel.ep, parallel.pp, sum(chunk_layers), first, last)
     acts = act.activation_terms(arch, training, parallel)
     layout = state_layout(training, parallel)
-    comm = comm_buffer_bytes(training, parallel, layout, params)
+    # The runtime's buffers kept across steps (Megatron-core's global memory buffer and RoPE table,
+    # torchtitan's RoPE table per block) are alive in every phase, next to the communication buffers they
+    # mostly are.
+    persistent = acts.persistent + sum(chunk_layers) * acts.layer_persistent
+    comm = comm_buffer_bytes(training, parallel, layout, params) + persistent
     block_temp = acts.block_backward(layout.transient_grad_bytes * params.largest_layer_param) + acts.recompute
+    embedding_grad = layout.transient_grad_bytes * params.embedding_params
     phases = [
         Phase(name="block_backward", holds_activations=True, logits_and_loss=0, communication_buffers=comm,
               temporaries=block_temp),
@@ -326,33 +383,13 @@ def stage_model_of(arch: ModelArch, training: TrainingConfig, parallel: Parallel
         Phase(name="norm_backward", holds_activations=True, logits_and_loss=0, communication_buffers=comm,
               temporaries=acts.recompute - acts.mlp_part + acts.norm_backward
               + (0 if last else acts.block_incoming_grad)),
-        # The embedding's gradient is made last, when the blocks' activations are already freed.
-        Phase(name="embedding_backward", holds_activations=False, logits_and_loss=0, communication_buffers=comm,
-              temporaries=layout.transient_grad_bytes * params.embedding_params),
+        # The embedding's gradient is made last, when the micro-batch's block activations are already freed.
+        embedding_phase(chunk_layers, acts, comm, embedding_grad, pipelined=first and parallel.pp > 1),
         Phase(name="optimizer_step", holds_activations=False, logits_and_loss=0,
-              communication_buffers=int(layout.grad_buffer_bytes * params.params), temporaries=0),
+              communication_buffers=int(layout.grad_buffer_bytes * params.params) + persistent, temporaries=0),
     ]  # fmt: skip
     if last:
-        head_comm = comm
-        if training.runtime == "fsdp2" and parallel.pp == 1:
-            # torchtitan's last FSDP group ([norm, output]) is not resharded after forward: at the loss
-            # backward its unsharded 16-bit weight and gradient, the fp32 copy for reduce_dtype and the fp32
-            # reduce-scatter input are alive, 12 bytes per output parameter (trace path finding F2,
-            # benchmarks/results/marp_vs_trace.md).
-            head_comm = max(comm, int(12 * params.output_params))
-        phases += [
-            Phase(name="loss_backward", holds_activations=True, logits_and_loss=acts.loss + acts.loss_backward,
-                  communication_buffers=head_comm, temporaries=0),
-            # The output layer's backward: the 16-bit gradient of the logits, the input gradient and the
-            # output layer's transient 16-bit weight gradient (trace path finding M1: Megatron-core's last
-            # stage peaks here when the tokens are few against the hidden size).
-            Phase(name="output_backward", holds_activations=True, logits_and_loss=acts.logits_grad,
-                  communication_buffers=head_comm,
-                  temporaries=layout.transient_grad_bytes * params.output_params + acts.block_incoming_grad),
-            # The final norm runs its backward before any block: every activation is alive.
-            Phase(name="final_norm_backward", holds_activations=True, logits_and_loss=acts.final_norm,
-                  communication_buffers=head_comm, temporaries=acts.norm_backward),
-        ]  # fmt: skip
+        phases += head_phases(training, parallel, params, acts, layout, comm, persistent)
     return StageModel(
         stage=stage,
         pp=parallel.pp,
@@ -366,9 +403,114 @@ def stage_model_of(arch: ModelArch, training: TrainingConfig, parallel: Parallel
         adafactor=training.optimizer == "adafactor",
         training=training,
         phases=tuple(phases),
-        max_extra_with_activations=max(p.extra_bytes for p in phases if p.holds_activations),
-        max_extra_without_activations=max(p.extra_bytes for p in phases if not p.holds_activations),
+        max_extra_with_activations=max(_extra_bound(p, layout, parallel) for p in phases if p.holds_activations),
+        max_extra_without_activations=max(_extra_bound(p, layout, parallel) for p in phases if not p.holds_activations),
     )
+
+
+def _extra_bound(phase: Phase, layout: StateLayout, parallel: ParallelConfig) -> int:
+    """``phase``'s extra bytes for :attr:`StageModel.max_extra_with_activations`, which may not depend on dp
+    beyond ``dp > 1`` (the plan search shares a stage model over every dp > 1): the reduce-scatter output at
+    the smallest such dp (1, else 2), exact there and an upper bound at larger dp (:meth:`StageModel.extra_at`
+    is exact at every dp)."""
+    dp = 1 if parallel.dp == 1 else 2
+    return phase.extra_bytes + int(layout.per_param(dp * parallel.cp)[1] * phase.reduced_params)
+
+
+def head_phases(
+    training: TrainingConfig,
+    parallel: ParallelConfig,
+    params: ParamTerms,
+    acts: act.ActivationTerms,
+    layout: StateLayout,
+    comm: int,
+    persistent: int,
+) -> list[Phase]:
+    """The last stage's phases at the loss and the output layer (``comm``: the stage's communication
+    buffers, :func:`comm_buffer_bytes`, with the ``persistent`` buffers kept across steps)."""
+    output, c = params.output_params, layout.compute_bytes
+    head_comm = chunk_comm = output_comm = norm_comm = comm
+    reduced = 0
+    output_logits, output_temp = acts.logits_grad, layout.transient_grad_bytes * output + acts.block_incoming_grad
+    if training.runtime == "fsdp2" and parallel.pp == 1:
+        # torchtitan's last FSDP group, [norm, output], is not resharded after forward (``apply_fsdp_to_decoder``,
+        # ``torchtitan/distributed/fsdp.py``): its unsharded compute-precision weight, ``c`` bytes per output
+        # parameter, is alive from the forward on (trace path finding F2, benchmarks/results/marp_vs_trace.md). The
+        # blocks are resharded then (zero_stage 3, torchtitan's default): these phases hold the output
+        # group's buffers alone; with every block kept gathered (zero_stage 2), beside the stage's buffers.
+        reduced = output
+
+        def beside(group: int) -> int:
+            return persistent + group if parallel.zero_stage >= 3 else max(comm, group)
+
+        if acts.loss_chunk:
+            # Chunked loss (``ChunkedLossWrapper``, finding F1): the output layer's gradient sync is off until
+            # the last chunk, so FSDP2 accumulates its unsharded gradient in the fp32 reduce dtype
+            # (``FSDPParam.to_accumulated_grad_if_needed``): c + 4 bytes per output parameter inside a
+            # chunk; at the last chunk's reduce-scatter (``foreach_reduce``) also the fp32 reduce-scatter
+            # input (+4) and its output, the gradient shard (``reduced_params``): the loss's peak. (fp32
+            # training: the gradient accumulates in place, the same c + 4 and c + 8.)
+            chunk_comm = beside((c + 4) * output)
+            head_comm = output_comm = beside((c + 8) * output)
+        else:
+            # The loss on the full logits: the weight alone at the loss's backward; at the output group's
+            # reduce-scatter, after its backward, the compute-precision gradient, the fp32 reduce-scatter input
+            # and the gradient shard, the weight already resharded, beside the next block's prefetched weights.
+            head_comm = beside(c * output)
+            output_comm = beside(layout.gathered_weight_bytes * params.layer_params + (c + 4) * output)
+            output_logits = 0
+    elif training.runtime == "fsdp2" and acts.loss_chunk:
+        # Under pipelining the stage's other parameters stay gathered with their fp32 gradients
+        # (:func:`comm_buffer_bytes`), but ``ChunkedLossWrapper`` drives the output group itself (``recurse=False``
+        # flags, reduce-scatter at each micro-batch's last chunk) as without pipelining: in place of its share
+        # of ``comm``, c + 8 bytes per output parameter and the gradient shard at the last chunk.
+        reduced = output
+        base = comm - (layout.gathered_weight_bytes + layout.gathered_grad_bytes) * output
+        chunk_comm = base + (c + 4) * output
+        head_comm = output_comm = base + (c + 8) * output
+    phases = []
+    if acts.loss_chunk:
+        # Inside one chunk of the chunked loss, before the last (finding F1).
+        phases.append(
+            Phase(name="loss_chunk", holds_activations=True, logits_and_loss=acts.loss + acts.loss_chunk,
+                  communication_buffers=chunk_comm, temporaries=0)
+        )  # fmt: skip
+    return [
+        *phases,
+        Phase(name="loss_backward", holds_activations=True, logits_and_loss=acts.loss + acts.loss_backward,
+              communication_buffers=head_comm, temporaries=0, reduced_params=reduced if acts.loss_chunk else 0),
+        # The output layer's backward: the 16-bit gradient of the logits, the input gradient and the
+        # output layer's transient 16-bit weight gradient (trace path finding M1: Megatron-core's last
+        # stage peaks here when the tokens are few against the hidden size).
+        Phase(name="output_backward", holds_activations=True, logits_and_loss=output_logits,
+              communication_buffers=output_comm, temporaries=output_temp, reduced_params=reduced),
+        # The final norm runs its backward before any block: every activation is alive.
+        Phase(name="final_norm_backward", holds_activations=True, logits_and_loss=acts.final_norm,
+              communication_buffers=norm_comm, temporaries=acts.norm_backward),
+    ]  # fmt: skip
+
+
+def embedding_phase(
+    chunk_layers: tuple[int, ...], acts: act.ActivationTerms, comm: int, embedding_grad: int, *, pipelined: bool
+) -> Phase:
+    """The embedding's backward: its transient weight gradient ``embedding_grad`` (0 off the first stage).
+
+    Without pipelining the micro-batch's activations are freed by then. On the first stage of a pipeline
+    (``pipelined``) under 1F1B the embedding's backward
+    of one micro-batch runs while the later in-flight micro-batches still hold their activations (trace
+    path finding M5, benchmarks/results/marp_vs_trace.md): every in-flight activation but the first
+    chunk's of that micro-batch, plus the gradient that arrives at the embedding's output. Written as a
+    phase that holds the activations with that one chunk-micro-batch taken off its temporaries (the
+    activations are counted per stage, :meth:`StageModel.activations`); where the micro-batch holds more
+    than the embedding's gradient, :func:`stage_model_of`'s block backward is higher and the phase is
+    floored at 0."""
+    if not pipelined:
+        return Phase(name="embedding_backward", holds_activations=False, logits_and_loss=0,
+                     communication_buffers=comm, temporaries=embedding_grad)  # fmt: skip
+    one_microbatch = chunk_layers[0] * acts.layer + acts.embedding
+    temporaries = max(0, embedding_grad + acts.block_incoming_grad - one_microbatch)
+    return Phase(name="embedding_backward", holds_activations=True, logits_and_loss=0, communication_buffers=comm,
+                 temporaries=temporaries)  # fmt: skip
 
 
 def comm_buffer_bytes(
@@ -437,15 +579,19 @@ def stage_bound(
     workspaces: int,
     nccl: int,
     with_reserve: bool = True,
+    reserve_ratio: float | None = None,
+    split: tuple[int, int] | None = None,
 ) -> bound.MemoryBound:
     """The rank's bound of parts (:mod:`frenzy_opt.prediction.marp.bound`). ``with_reserve=False`` leaves
-    the allocator replay out (a lower figure the plan search refuses on before paying for the replay)."""
-    states, beyond = model.split(dp)
+    the allocator replay out (a lower figure the plan search refuses on before paying for the replay);
+    ``reserve_ratio`` (reserve over the bounded allocated peak, from a replay of the same stage at another
+    dp) stands in for the replay; ``split`` is :meth:`StageModel.split` at ``dp`` when the caller has it."""
+    states, beyond = split if split is not None else model.split(dp)
     margin = fit.margin_of(runtime)
     rows = {
         "states": states,
         "activations": beyond,
-        "activation_margin": math.ceil(margin * beyond),
+        "activation_margin": math.ceil(margin * beyond) + fit.fixed_margin_of(runtime),
         "library_workspaces": workspaces,
         "allocator_reserve": 0,
         "cuda_context": 0,
@@ -453,7 +599,10 @@ def stage_bound(
         "cached_reserve": 0,
     }
     if cuda is not None:
-        if with_reserve:
+        if with_reserve and reserve_ratio is not None:
+            allocated = states + beyond + rows["activation_margin"] + workspaces
+            rows["allocator_reserve"] = math.ceil(reserve_ratio * allocated)
+        elif with_reserve:
             rows["allocator_reserve"] = bound.allocator_reserve_bytes(model.step_shape(dp, 1 + margin))
         rows["cuda_context"] = cuda.context_bytes
         rows["nccl_buffers"] = nccl
@@ -495,6 +644,10 @@ def predict_stage(
             "nccl_buffers": nccl,
         }
     upper = stage_bound(model, dp, job.training.runtime, fit, cuda=cuda, workspaces=workspaces, nccl=nccl)
+    if gpu is not None:
+        # The elastic cache ends where the device does: the allocator frees it and retries before it fails.
+        room = max(0, gpu.memory_bytes - upper.required)
+        upper = bound.MemoryBound(upper.rows | {"cached_reserve": min(upper.rows["cached_reserve"], room)})
     return StagePrediction(
         stage=stage,
         num_layers=model.num_layers,
@@ -512,11 +665,21 @@ def predict_stage(
     )
 
 
-def peak_stages(pp: int) -> list[int]:
-    """The stages that can hold the peak: the first (most in-flight micro-batches, most layers under
-    uneven splits, the embedding) and the last (output layer and loss). A middle stage holds no more
-    layers, fewer in-flight micro-batches and neither table."""
-    return [0] if pp == 1 else [0, pp - 1]
+@functools.lru_cache(maxsize=4096)
+def peak_stages(pp: int, counts: tuple[int, ...] | None = None) -> tuple[int, ...]:
+    """The stages that can hold the peak: the first (most in-flight micro-batches, the embedding), the last
+    (output layer and loss) and, when a split gives a middle stage more layers than the first
+    (``counts``: layers per chunk, :func:`layer_counts`), the middle stage with the most layers (it holds
+    fewer in-flight micro-batches and neither table, so only more layers can make it the peak)."""
+    if pp == 1:
+        return (0,)
+    stages = [0, pp - 1]
+    if counts is not None and pp > 2:
+        per_rank = [sum(counts[r::pp]) for r in range(pp)]
+        middle = max(range(1, pp - 1), key=lambda r: per_rank[r])
+        if per_rank[middle] > per_rank[0]:
+            stages.insert(1, middle)
+    return tuple(stages)
 
 
 def predict_peak(
@@ -528,7 +691,8 @@ def predict_peak(
     architecture: str | None = None,
 ) -> MemoryPrediction:
     """Like :func:`predict_memory` but only for the stages of :func:`peak_stages`."""
-    return _prediction(job, gpu, cuda, peak_stages(job.parallel.pp), fit, architecture)
+    counts = layer_counts(job.model, job.training, job.parallel)
+    return _prediction(job, gpu, cuda, list(peak_stages(job.parallel.pp, counts)), fit, architecture)
 
 
 def predict_memory(
@@ -556,7 +720,7 @@ def _prediction(
     fit: MemoryFit,
     architecture: str | None,
 ) -> MemoryPrediction:
-    chunk_layer_counts(job.model.num_layers, job.parallel.pp, job.parallel.vpp)  # validates pp x vpp
+    layer_counts(job.model, job.training, job.parallel)  # validates pp x vpp and the split
     return MemoryPrediction(
         stages=tuple(predict_stage(job, stage, cuda, gpu, fit, architecture) for stage in stages),
         capacity_bytes=gpu.memory_bytes if gpu is not None else None,
