@@ -42,7 +42,12 @@ from frenzy_opt.hardware.gpus import GpuType
 from frenzy_opt.hardware.topology import links_for
 from frenzy_opt.models.arch import ModelArch
 from frenzy_opt.prediction.marp.activations import activation_terms_for
-from frenzy_opt.prediction.marp.bound import MemoryBound, library_workspace_bytes, nccl_buffer_bytes
+from frenzy_opt.prediction.marp.bound import (
+    MemoryBound,
+    allocator_reserve_bytes,
+    library_workspace_bytes,
+    nccl_buffer_bytes,
+)
 from frenzy_opt.prediction.marp.fit import SHIPPED_FIT, MemoryFit
 from frenzy_opt.prediction.marp.layout import fp8_param_gather, state_layout_for
 from frenzy_opt.prediction.marp.predictor import (
@@ -690,14 +695,24 @@ class _Group:
         return upper, workspaces
 
     def _reserve_ratio(self, model: StageModel, dp: int, runtime: str, workspaces: int) -> float:
-        """The allocator reserve over the bounded allocated peak of ``model``, replayed once per stage model
-        (at the first dp the search admits it at) and reused at its other dp degrees: the dp scan changes the
-        state shards and the micro-batch count, not the mix of sizes that fragments the cache."""
+        """The allocator reserve over the bounded allocated peak of ``model`` (:func:`reserve_ratio`)."""
         ratio = self._ratios.get(id(model))
         if ratio is None:
-            upper = stage_bound(model, dp, runtime, self.fit, cuda=self.cuda, workspaces=workspaces, nccl=0)
-            ratio = self._ratios[id(model)] = upper.rows["allocator_reserve"] / max(upper.allocated, 1)
+            ratio = self._ratios[id(model)] = reserve_ratio(model, self.fit.margin_of(runtime))
         return ratio
+
+
+@functools.lru_cache(maxsize=65536)
+def reserve_ratio(model: StageModel, margin: float) -> float:
+    """The allocator reserve over the bounded allocated peak of a stage model (activations and temporaries
+    times ``1 + margin``), replayed once at a canonical dp (the largest its micro-batches allow, so the states
+    are sharded as in the searches that admit it) and reused at its other dp degrees: the dp scan changes the
+    state shards and the micro-batch count, not the mix of sizes that fragments the cache. Deterministic
+    (whatever order a search meets the dp degrees in) and shared by every search of the process."""
+    dp = max(1, model.training.global_batch_size // model.training.micro_batch_size)
+    states, beyond = model.split(dp)
+    reserve = allocator_reserve_bytes(model.step_shape(dp, 1 + margin))
+    return reserve / max(states + beyond * (1 + margin), 1)
 
 
 def _accepted(
