@@ -13,18 +13,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import runtimes  # tests/ is on sys.path
 
-_MISSING = [name for name in ("torchtitan", "megatron") if importlib.util.find_spec(name) is None]
-if not _MISSING:
-    try:
-        import megatron.core  # noqa: F401
-    except Exception:  # pragma: no cover - a broken install
-        _MISSING.append("megatron.core")
-needs_runtimes = pytest.mark.skipif(
-    bool(_MISSING),
-    reason=f"trace path needs the validate extra ({', '.join(_MISSING)} not importable): "
-    'pip install "torch==2.13.0" -e ".[validate]"',
-)
+needs_runtimes = runtimes.needs_runtimes
 
 from frenzy_opt.core.spec import JobSpec, ParallelConfig, TrainingConfig  # noqa: E402
 from frenzy_opt.models.arch import ModelArch  # noqa: E402

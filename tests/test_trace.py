@@ -4,21 +4,11 @@ torchtitan (fsdp2) and megatron-core (megatron) for dp/tp/sp/pp/cp/ep layouts of
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 
 import pytest
+import runtimes  # tests/ is on sys.path
 
-_MISSING = [name for name in ("torchtitan", "megatron.core") if importlib.util.find_spec(name.split(".")[0]) is None]
-if not _MISSING:
-    try:
-        import megatron.core  # noqa: F401
-    except Exception:  # pragma: no cover - a broken install
-        _MISSING.append("megatron.core")
-pytestmark = pytest.mark.skipif(
-    bool(_MISSING),
-    reason=f"trace path needs the validate extra ({', '.join(_MISSING)} not importable): "
-    'pip install "torch==2.13.0" -e ".[validate]"',
-)
+pytestmark = runtimes.needs_runtimes
 
 import torch  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402

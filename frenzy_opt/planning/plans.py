@@ -408,13 +408,31 @@ class _PeakCache:
         evaluated = []
         for stage, model in models.items():
             if model is None:
-                model = models[stage] = stage_model_of(self._arch, training, p, stage)
+                model = models[stage] = shared_stage_model(self._arch, training, p, stage)
             split = model.split(p.dp)
             evaluated.append((model, split))
             best = max(best, split[0] + split[1])
             if best > capacity:
                 break
         return best, evaluated
+
+
+_STAGE_MODELS: dict[tuple[object, ...], StageModel] = {}
+_STAGE_MODELS_MAX = 8192
+
+
+def shared_stage_model(arch: ModelArch, training: TrainingConfig, p: ParallelConfig, stage: int) -> StageModel:
+    """:func:`stage_model_of`, shared by every search of the process: a stage model depends on dp only
+    through ``dp > 1`` (its docstring), so it is keyed on every other field. Bounded: the cache is emptied
+    when it reaches :data:`_STAGE_MODELS_MAX` entries."""
+    key = (arch, training, p.tp, p.pp, p.vpp, p.cp, p.ep, p.zero_stage, p.recompute, p.sequence_parallel,
+           p.attention, p.first_stage_layers, p.last_stage_layers, p.dp > 1, stage)  # fmt: skip
+    model = _STAGE_MODELS.get(key)
+    if model is None:
+        if len(_STAGE_MODELS) >= _STAGE_MODELS_MAX:
+            _STAGE_MODELS.clear()
+        model = _STAGE_MODELS[key] = stage_model_of(arch, training, p, stage)
+    return model
 
 
 DEFAULT_STEP_MODEL = shipped_model()
