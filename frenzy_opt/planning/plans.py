@@ -706,10 +706,7 @@ class _Group:
                     )  # fmt: skip
                 memo[key] = (bare, full)
             upper = full
-        # The elastic cache ends where the device does (as in predict_stage).
-        room = max(0, gpu.memory_bytes - upper.required)
-        if upper.rows["cached_reserve"] > room:
-            upper = MemoryBound(upper.rows | {"cached_reserve": room})
+        upper = upper.within(gpu.memory_bytes)
         return upper, workspaces
 
     def _reserve_ratio(self, model: StageModel, dp: int, runtime: str, workspaces: int) -> float:

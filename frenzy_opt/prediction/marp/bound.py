@@ -211,6 +211,14 @@ class MemoryBound:
         self.device_used = self.reserved + outside
         """Bound on nvidia-smi's used memory."""
 
+    def within(self, capacity: int) -> MemoryBound:
+        """This bound on a GPU of ``capacity`` bytes: the elastic cache ends where the device does (the
+        allocator frees it and retries before it fails), so ``cached_reserve`` is cut to the room left."""
+        room = max(0, capacity - self.required)
+        if self.rows["cached_reserve"] <= room:
+            return self
+        return MemoryBound(self.rows | {"cached_reserve": room})
+
     def explain(self, capacity: int | None = None) -> str:
         """ "activations 41.0 GiB + states 30.1 GiB + extras 2.3 GiB > 79.6 GiB": the required rows, grouped
         into what the model states, the activations (with their margin) and the rest take."""

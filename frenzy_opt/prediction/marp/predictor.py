@@ -645,9 +645,7 @@ def predict_stage(
         }
     upper = stage_bound(model, dp, job.training.runtime, fit, cuda=cuda, workspaces=workspaces, nccl=nccl)
     if gpu is not None:
-        # The elastic cache ends where the device does: the allocator frees it and retries before it fails.
-        room = max(0, gpu.memory_bytes - upper.required)
-        upper = bound.MemoryBound(upper.rows | {"cached_reserve": min(upper.rows["cached_reserve"], room)})
+        upper = upper.within(gpu.memory_bytes)
     return StagePrediction(
         stage=stage,
         num_layers=model.num_layers,

@@ -92,12 +92,8 @@ def chunk_layer_counts(
 
 
 def _fixed_end_stages(num_layers: int, pp: int, vpp: int, first: int | None, last: int | None) -> tuple[int, ...]:
-    """Megatron's uneven first / last pipeline stage (see :func:`chunk_layer_counts`)."""
-    for name, value in (("parallel.first_stage_layers", first), ("parallel.last_stage_layers", last)):
-        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
-            raise ValueError(f"{name} must be a non-negative integer, got {value!r}")
-    if pp < 2:
-        raise ValueError("parallel.first_stage_layers / last_stage_layers need parallel.pp >= 2")
+    """Megatron's uneven first / last pipeline stage (see :func:`chunk_layer_counts`); ``ParallelConfig``
+    checks the fields' types and pp >= 2, :func:`check_end_stages` the shares."""
     check_end_stages(num_layers, ParallelConfig(pp=pp, vpp=vpp, first_stage_layers=first, last_stage_layers=last))
     middle = pp - (first is not None) - (last is not None)
     rest = num_layers - (first or 0) - (last or 0)
