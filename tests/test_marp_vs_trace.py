@@ -34,6 +34,7 @@ GRID: dict[str, list[tuple[str, int, dict[str, Any], dict[str, Any]]]] = {
         ("s-256", 2, dict(dp=8), {}),  # the reduce-scatter output (a gradient shard) at dp 8
         ("m-1024", 2, dict(dp=2), dict(loss_chunks=1)),  # the loss on the full logits
         ("s-256", 4, dict(dp=1, pp=4), {}),  # torchtitan's split (F3), the loss on a stage without blocks
+        ("s-256", 2, dict(dp=2, pp=2), {}),  # PipelineStage's FSDP calls (F4): the reduce_grad phase, the pin
     ],
     "megatron": [
         ("s-256", 2, dict(dp=2), {}),
@@ -158,3 +159,29 @@ def test_embedding_backward_under_1f1b_holds_the_later_microbatches() -> None:
     assert phase.name == "embedding_backward" and phase.holds_activations
     one = model.num_layers * model.acts.layer + model.acts.embedding
     assert beyond == model.activations(1) - one + 2 * 32000 * 1024 + 2 * 512 * 1024 + model.acts.persistent
+
+
+def test_pipelined_fsdp2_stage_reduces_its_groups_after_the_last_microbatch() -> None:
+    """fsdp2, pp 2, dp 2 (finding F4): no gradient shard before ``perform_reduce_grad``; stage 0 peaks at its
+    first group's (the embedding's) reduce-scatter: its fp32 gradient and fp32 reduce-scatter input (8 bytes
+    per parameter) beside the blocks' gathered 16-bit weights and fp32 gradients, whose shards do not exist
+    yet. The last stage keeps the output group's shard a second time (the final norm's shard is a view of
+    that reduce-scatter's flat output)."""
+    job = _job("fsdp2", dp=2, pp=2)
+    first = stage_model(job, 0)
+    phase, beyond = first.peak_phase(2)
+    emb, blocks = first.params.embedding_params, first.params.params - first.params.embedding_params
+    assert phase.name == "reduce_grad"
+    assert beyond == 8 * emb + (6 - 4 // 2) * blocks + first.acts.persistent + 2 * first.acts.layer_persistent
+    # Every micro-batch phase lacks the stage's 4 / dp bytes of gradient shards (they join at the reduce).
+    plain = replace(job, parallel=replace(job.parallel, pp=1))
+    block = next(p for p in first.phases if p.name == "block_backward")
+    assert first.extra_at(block, 2) == block.extra_bytes - 2 * first.params.params
+    last = stage_model(job, 1)
+    out = last.params.output_params
+    optimizer = next(p for p in last.phases if p.name == "optimizer_step")
+    assert last.extra_at(optimizer, 2) == optimizer.extra_bytes + 2 * out  # the pinned output-group shard
+    assert stage_model(plain, 0).phases[-1].name != "reduce_grad"
+    # The dp-free bound (plan search) stays an upper bound at every dp: a missing shard is never subtracted.
+    for dp in (2, 4, 8):
+        assert first.max_extra_without_activations >= first.peak_phase(dp)[1]

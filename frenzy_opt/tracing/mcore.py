@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -252,6 +253,78 @@ def cpu_as_cuda() -> Iterator[None]:
             del moe_utils.te_general_gemm
 
 
+def softmax_batch_per_block(sq: int, sk: int, b: int, np: int) -> int:
+    """``get_batch_per_block`` of Megatron's fused softmax kernels (``scaled_masked_softmax.h``,
+    megatron/core/fusions csrc): 128 threads per block, one warp of ``min(next_pow2(sk), 32)`` lanes per
+    row, two rows per warp when ``next_pow2(sk) <= 128``."""
+    pow2 = 1 << max(sk - 1, 0).bit_length()
+    warp = min(pow2, 32)
+    return (128 // warp) * (2 if pow2 <= 128 else 1)
+
+
+class _FusedSoftmax(torch.autograd.Function):  # type: ignore[misc]
+    """Megatron's fused scale-mask-softmax kernels (``ScaledUpperTriangMaskedSoftmax``,
+    ``ScaledMaskedSoftmax``, ``ScaledSoftmax``) on the CPU: they compute in fp32 registers, write the
+    16-bit probabilities and keep only those for backward, whose kernel writes the input gradient into
+    the incoming gradient's storage. The stand-in scales and masks the scores in place (they are not
+    needed after the softmax) and forms the row sums by a batched matmul, so no full-size fp32 or extra
+    16-bit tensor is made that the kernels do not make."""
+
+    @staticmethod
+    def forward(ctx: Any, scores: torch.Tensor, mask: torch.Tensor | None, scale: float, causal: bool) -> Any:
+        x = scores.mul_(scale)
+        if causal:
+            sq, sk = x.shape[-2:]
+            x.masked_fill_(torch.ones(sq, sk, dtype=torch.bool, device=x.device).triu_(1), float("-inf"))
+        if mask is not None:
+            x.masked_fill_(mask, -10000.0)
+        probs = torch.softmax(x, dim=-1)
+        ctx.save_for_backward(probs)
+        ctx.scale = scale
+        return probs
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        (probs,) = ctx.saved_tensors
+        rows = torch.matmul(grad.unsqueeze(-2), probs.unsqueeze(-1)).squeeze(-1)
+        return grad.sub_(rows).mul_(probs).mul_(ctx.scale), None, None, None
+
+
+@contextlib.contextmanager
+def fused_softmax() -> Iterator[None]:
+    """Megatron's fused softmax kernels as :class:`_FusedSoftmax` (their availability check unchanged)."""
+    fs = importlib.import_module("megatron.core.fusions.fused_softmax")
+    saved = {
+        name: getattr(fs, name) for name in ("ScaledUpperTriangMaskedSoftmax", "ScaledMaskedSoftmax", "ScaledSoftmax")
+    }
+    original_block = fs.FusedScaleMaskSoftmax.__dict__["get_batch_per_block"]
+
+    class Causal:
+        @staticmethod
+        def apply(inputs: torch.Tensor, scale: float) -> Any:
+            return _FusedSoftmax.apply(inputs, None, scale, True)
+
+    class Masked:
+        @staticmethod
+        def apply(inputs: torch.Tensor, mask: torch.Tensor, scale: float) -> Any:
+            return _FusedSoftmax.apply(inputs, mask, scale, False)
+
+    class Plain:
+        @staticmethod
+        def apply(inputs: torch.Tensor, scale: float) -> Any:
+            return _FusedSoftmax.apply(inputs, None, scale, False)
+
+    for name, stand_in in zip(saved, (Causal, Masked, Plain), strict=True):
+        setattr(fs, name, stand_in)
+    fs.FusedScaleMaskSoftmax.get_batch_per_block = staticmethod(softmax_batch_per_block)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(fs, name, value)
+        fs.FusedScaleMaskSoftmax.get_batch_per_block = original_block
+
+
 class _CudaToCpu(TorchFunctionMode):  # type: ignore[misc]
     """Factories called with ``device="cuda"`` (Megatron's optimizer scalars, ``torch.cuda.current_device()``
     indices) make CPU tensors."""
@@ -337,7 +410,9 @@ def transformer_config(job: JobSpec, recompute: str) -> Any:
         use_cpu_initialization=True,
         perform_initialization=False,
         gradient_accumulation_fusion=False,
-        masked_softmax_fusion=False,
+        # Megatron-LM's default (--no-masked-softmax-fusion turns it off); the CUDA kernels are stood in
+        # for by :func:`fused_softmax`.
+        masked_softmax_fusion=True,
         # Megatron-LM's --swiglu turns the fused bias-SwiGLU on (it keeps only the FC1 output for backward).
         bias_activation_fusion=arch.mlp == "swiglu",
         bias_dropout_fusion=False,
@@ -417,6 +492,7 @@ def trace_stage(
             model_parallel_cuda_manual_seed(1234)
         stack.enter_context(common.real_device_meshes())
         stack.enter_context(common.fused_rms_norm())
+        stack.enter_context(fused_softmax())
         if fake:  # fake=False executes for real (small models: the check that the fake trace is right)
             stack.enter_context(FakeTensorMode(allow_non_fake_inputs=True))
             stack.enter_context(common.FakeScalars())

@@ -157,7 +157,13 @@ def model_config(job: JobSpec) -> Any:
         n_kv_heads=arch.num_kv_heads,
         hidden_dim=arch.ffn_hidden_size,
         rope=common_mod.ComplexRoPE.Config(
-            dim=arch.kv_channels, max_seq_len=max(job.training.seq_len, 2048), theta=500000, scaling="none"
+            # torchtitan's trainer resizes every RoPE cache to ``training.seq_len``
+            # (``Decoder.Config.update_from_config`` with a ``Trainer.Config``); the tracer hands that method
+            # a plain namespace, so it sizes them here.
+            dim=arch.kv_channels,
+            max_seq_len=job.training.seq_len,
+            theta=500000,
+            scaling="none",
         ),
         attn_backend="flex",
     )
@@ -395,7 +401,14 @@ def _pipeline_step(
     microbatches: int, set_phase: Any,
 ) -> None:  # fmt: skip
     """One step of 1F1B on this stage: forwards keep their outputs until their backward (as
-    ``torch.distributed.pipelining`` does); received activations are leaves that get gradients."""
+    ``torch.distributed.pipelining`` does); received activations are leaves that get gradients.
+
+    An FSDP stage gets the calls ``torch.distributed.pipelining`` makes around it (torch 2.13,
+    ``_PipelineStageBase``): before every micro-batch's backward ``backward_maybe_with_nosync`` turns off
+    the last-backward, reshard-after-backward and gradient-sync flags, so the groups stay gathered and
+    accumulate unsharded gradients; after the last micro-batch ``perform_reduce_grad`` turns them back on,
+    runs every group's ``post_backward`` (the reduce-scatters) and FSDP's final callback. torchtitan
+    builds its schedules with ``scale_grads=False`` (distributed/pipeline_parallel.py), so no rescale."""
     p, t = job.parallel, job.training
     b, s, v = t.micro_batch_size, t.seq_len, job.model.vocab_size
     first, last = stage == 0, stage == p.pp - 1
@@ -403,6 +416,7 @@ def _pipeline_step(
     optimizers.zero_grad(set_to_none=True)
     pending: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
     tokens = torch.tensor(float(b * s * microbatches))
+    fsdp = _fsdp_module(model)
     for kind, mb in common.one_f_one_b(p.pp, stage, microbatches):
         if kind == "F":
             if first:
@@ -417,16 +431,44 @@ def _pipeline_step(
         else:
             set_phase(f"backward:{mb}")
             out, _inputs = pending.pop(mb)
+            if fsdp is not None:
+                fsdp.set_is_last_backward(False)
+                fsdp.set_reshard_after_backward(False)
+                fsdp.set_requires_gradient_sync(False)
             if last:
                 torch.autograd.backward(out)
             else:
                 torch.autograd.backward(out, torch.empty_like(out))
             del out, _inputs
+    if fsdp is not None:
+        set_phase("reduce_grad")
+        _perform_reduce_grad(fsdp)
     set_phase("optimizer")
     tt["dist_utils"].clip_grad_norm_(
         list(model.parameters()), 1.0, foreach=True, pp_mesh=parallel_dims.get_optional_mesh("pp")
     )
     optimizers.step()
+
+
+def _fsdp_module(model: Any) -> Any:
+    """The stage module as an ``FSDPModule`` (torchtitan shards it when dp > 1), else None."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return model if isinstance(model, FSDPModule) else None
+
+
+def _perform_reduce_grad(fsdp: Any) -> None:
+    """``_PipelineStageBase.perform_reduce_grad`` for an FSDP2 stage (torch 2.13)."""
+    from torch.distributed.fsdp import fully_shard
+
+    fsdp.set_is_last_backward(True)
+    fsdp.set_reshard_after_backward(True)
+    fsdp.set_requires_gradient_sync(True)
+    state = fully_shard.state(fsdp)
+    for each in state._state_ctx.all_states:
+        for group in each._fsdp_param_groups:
+            group.post_backward()
+    state._root_post_backward_final_callback()
 
 
 @contextlib.contextmanager

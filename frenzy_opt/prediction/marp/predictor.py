@@ -390,6 +390,9 @@ def stage_model_of(arch: ModelArch, training: TrainingConfig, parallel: Parallel
     ]  # fmt: skip
     if last:
         phases += head_phases(training, parallel, params, acts, layout, comm, persistent)
+    if training.runtime == "fsdp2" and parallel.pp > 1:
+        phases = pipelined_fsdp2_phases(phases, params, acts, layout, persistent, first=first, last=last,
+                                        blocks=sum(chunk_layers))  # fmt: skip
     return StageModel(
         stage=stage,
         pp=parallel.pp,
@@ -414,7 +417,10 @@ def _extra_bound(phase: Phase, layout: StateLayout, parallel: ParallelConfig) ->
     the smallest such dp (1, else 2), exact there and an upper bound at larger dp (:meth:`StageModel.extra_at`
     is exact at every dp)."""
     dp = 1 if parallel.dp == 1 else 2
-    return phase.extra_bytes + int(layout.per_param(dp * parallel.cp)[1] * phase.reduced_params)
+    shards = int(layout.per_param(dp * parallel.cp)[1] * phase.reduced_params)
+    # Shards a phase lacks (negative ``reduced_params``, :func:`pipelined_fsdp2_phases`) shrink as dp grows:
+    # at dp > 1 only 0 bounds them from above.
+    return phase.extra_bytes + (shards if dp == 1 else max(shards, 0))
 
 
 def head_phases(
@@ -488,6 +494,51 @@ def head_phases(
         Phase(name="final_norm_backward", holds_activations=True, logits_and_loss=acts.final_norm,
               communication_buffers=norm_comm, temporaries=acts.norm_backward),
     ]  # fmt: skip
+
+
+def pipelined_fsdp2_phases(
+    phases: list[Phase], params: ParamTerms, acts: act.ActivationTerms, layout: StateLayout, persistent: int,
+    *, first: bool, last: bool, blocks: int,
+) -> list[Phase]:  # fmt: skip
+    """A torchtitan pipeline stage's phases under FSDP2 (trace path finding F4, benchmarks/results/
+    marp_vs_trace.md; torch 2.13 ``_PipelineStageBase``): ``backward_maybe_with_nosync`` turns gradient sync
+    off for every micro-batch, so no gradient shard exists until ``perform_reduce_grad`` after the last one
+    (``optimizer.zero_grad`` set them to None), and that call reduce-scatters the groups one by one in module
+    order. Three corrections to the phases of :func:`stage_model_of`, as ``reduced_params`` (shards, at dp):
+
+    * every micro-batch phase lacks the shards of the groups not yet reduced (all but the output group,
+      which ``ChunkedLossWrapper`` reduces at each micro-batch's last chunk);
+    * on the last stage under the chunked loss, from the second micro-batch on the final norm's first
+      shard is a view of the output group's flat reduce-scatter output (``foreach_reduce`` hands each
+      parameter an ``as_strided`` view; the norm has no ``.grad`` yet, the output layer's is accumulated in
+      place), which keeps the whole output group's shard alive once more until ``zero_grad``;
+    * a new phase ``reduce_grad``: at the first group's reduce-scatter (the embedding on the first stage, else
+      the first block) its weight is resharded and its fp32 accumulated gradient sits beside the fp32
+      reduce-scatter input, while every later group still holds its gathered weight and fp32 gradient
+      and no shard, and the chunked output group its gathered weight (re-gathered by the stage's
+      backward, resharded at its own, last, reduce)."""
+    chunked = last and acts.loss_chunk > 0
+    output = params.output_params if chunked else 0
+    unreduced = params.params - output
+    pinned = output if chunked else 0
+    adjusted = [
+        replace(p, reduced_params=p.reduced_params - (unreduced if p.holds_activations else 0) + pinned) for p in phases
+    ]
+    if first:
+        group = params.embedding_params
+    elif blocks:
+        group = params.layer_params
+    else:
+        group = 0 if chunked else params.output_params
+    gathered = layout.gathered_weight_bytes + layout.gathered_grad_bytes
+    rest = unreduced - group
+    reduce_grad = Phase(
+        name="reduce_grad", holds_activations=False, logits_and_loss=0,
+        communication_buffers=persistent + gathered * rest + 2 * layout.gathered_grad_bytes * group
+        + layout.compute_bytes * output,
+        temporaries=0, reduced_params=pinned - rest,
+    )  # fmt: skip
+    return [*adjusted, reduce_grad]
 
 
 def embedding_phase(
