@@ -713,18 +713,21 @@ class _Group:
         """The allocator reserve over the bounded allocated peak of ``model`` (:func:`reserve_ratio`)."""
         ratio = self._ratios.get(id(model))
         if ratio is None:
-            ratio = self._ratios[id(model)] = reserve_ratio(model, self.fit.margin_of(runtime))
+            ratio = self._ratios[id(model)] = reserve_ratio(model, self.fit.margin_of(runtime), single=dp == 1)
         return ratio
 
 
 @functools.lru_cache(maxsize=65536)
-def reserve_ratio(model: StageModel, margin: float) -> float:
+def reserve_ratio(model: StageModel, margin: float, *, single: bool = False) -> float:
     """The allocator reserve over the bounded allocated peak of a stage model (activations and temporaries
-    times ``1 + margin``), replayed once at a canonical dp (the largest its micro-batches allow, so the states
-    are sharded as in the searches that admit it) and reused at its other dp degrees: the dp scan changes the
-    state shards and the micro-batch count, not the mix of sizes that fragments the cache. Deterministic
-    (whatever order a search meets the dp degrees in) and shared by every search of the process."""
-    dp = max(1, model.training.global_batch_size // model.training.micro_batch_size)
+    times ``1 + margin``), replayed once at a canonical dp and reused at its other dp degrees: the dp scan
+    changes the state shards and the micro-batch count, not the mix of sizes that fragments the cache. The
+    canonical dp is the largest the micro-batches allow (the states sharded as in the searches that admit
+    it), or 1 for the stage model of dp = 1 (``single``; :func:`shared_stage_model` keeps it apart: its
+    states are whole, and a ratio replayed on sharded states misjudged it by about 3 % of its peak).
+    Deterministic (whatever order a search meets the dp degrees in) and shared by every search of the
+    process."""
+    dp = 1 if single else max(1, model.training.global_batch_size // model.training.micro_batch_size)
     states, beyond = model.split(dp)
     reserve = allocator_reserve_bytes(model.step_shape(dp, 1 + margin))
     return reserve / max(states + beyond * (1 + margin), 1)
