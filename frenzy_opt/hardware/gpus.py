@@ -59,6 +59,12 @@ class GpuType:
     """The public document the figures come from."""
     notes: str = ""
     """How figures were derived from the source, and caveats."""
+    pcie_p2p: bool = True
+    """Whether two of these boards exchange data peer to peer over PCIe (False: GeForce/TITAN boards, whose
+    collectives NCCL stages through host memory; :class:`frenzy_opt.hardware.topology.Links`)."""
+    sm_count: int | None = None
+    """Streaming multiprocessors (None: not a GPU): how many GEMM tiles run at once (wave quantization,
+    :mod:`frenzy_opt.prediction.kernels`)."""
 
     def supports(self, precision: str) -> bool:
         """Whether the GPU has tensor cores for ``precision`` (fp32 and fp16 run everywhere)."""

@@ -37,6 +37,12 @@ class Node:
     intra_node: str
 
 
+# All-reduce bus bandwidth over the link's per-direction rate when PCIe boards cannot exchange data peer to
+# peer: 4.0 GB/s measured on two RTX 2080 Ti over PCIe Gen3 x16 (16 GB/s), nccl-tests all_reduce_perf at 1 GiB
+# (data/collectives.yaml, pcie_gen3_no_p2p, with its citation).
+HOST_STAGED_FRACTION = 4.0 / 16.0
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Links:
     """The links of one GPU type's nodes, in GB/s per direction, before ``link_efficiency``."""
@@ -48,10 +54,18 @@ class Links:
     gpus_per_node: int = 8
     nvlink_domain: int = 0
     """GPUs sharing one NVLink fabric (0: one node)."""
+    host_staged: bool = False
+    """Intra-node traffic goes through host memory (PCIe boards without peer-to-peer, ``GpuType.pcie_p2p``):
+    it reaches :data:`HOST_STAGED_FRACTION` of the link, whatever ``link_efficiency`` says."""
 
     @property
     def domain(self) -> int:
         return max(self.nvlink_domain, self.gpus_per_node)
+
+    def intra_node_bytes_s(self, efficiency: float) -> float:
+        """Bytes per second per direction an intra-node collective or send reaches at ``efficiency``."""
+        share = HOST_STAGED_FRACTION if self.host_staged else efficiency
+        return self.intra_node_gbyte_s * 1e9 * share
 
     @staticmethod
     def for_gpu(
@@ -76,6 +90,7 @@ class Links:
             nic_gbyte_s=(inter_node_gbit_s or 0.0) / 8,
             gpus_per_node=gpus_per_node,
             nvlink_domain=nvlink_domain,
+            host_staged=intra_node == "pcie" and not gpu.pcie_p2p and intra_node_spec_gbyte_s is None,
         )
 
 
@@ -116,7 +131,8 @@ class Topology:
                 )
                 for k in range(node.num_gpus):
                     self.graph.add_node(("gpu", node.index, k), kind="gpu", gpu_type=node.gpu.name)
-                    self.graph.add_edge(("gpu", node.index, k), ("node", node.index), gbyte_s=links.intra_node_gbyte_s)
+                    self.graph.add_edge(("gpu", node.index, k), ("node", node.index),
+                                        gbyte_s=links.intra_node_gbyte_s, host_staged=links.host_staged)  # fmt: skip
         self._by_type: dict[str, list[int]] = {}
         for node in self.nodes:
             self._by_type.setdefault(node.gpu.name, []).append(node.index)
@@ -164,8 +180,10 @@ class Topology:
         if not indices:
             raise KeyError(f"no node of GPU type {gpu_type} in cluster {self.cluster.name}")
         node = max(indices, key=lambda i: self.nodes[i].num_gpus)
+        edge = self.graph.edges[("gpu", node, 0), ("node", node)]
         return Links(
-            intra_node_gbyte_s=float(self.graph.edges[("gpu", node, 0), ("node", node)]["gbyte_s"]),
+            intra_node_gbyte_s=float(edge["gbyte_s"]),
+            host_staged=bool(edge["host_staged"]),
             nic_gbyte_s=float(self.graph.edges[("node", node), ("network",)]["gbyte_s"]),
             gpus_per_node=self.nodes[node].num_gpus,
             nvlink_domain=int(self.graph.nodes[("node", node)]["nvlink_domain"]),

@@ -22,13 +22,13 @@ from frenzy_opt.hardware.cluster import ClusterSpec
 from frenzy_opt.hardware.gpus import GpuType, lookup_gpu
 from frenzy_opt.hardware.topology import links_for
 from frenzy_opt.prediction.fitting import FitPoint, efficiency_parameter, fit_points
-from frenzy_opt.prediction.steptime import Links, StepTimeModel, step_terms
+from frenzy_opt.prediction.steptime import MAX_RELATIVE_EFFICIENCY, Links, StepTimeModel, step_terms
 
 COMPARABLE_MEMORY = ("MemTracker", "torch.cuda.max_memory_allocated")
-# The range a refitted efficiency may take: a run can reach far below a GPU type's usual efficiency (a CPU
-# slot priced as a GPU type, a tiny model that is all fixed overhead), and 1 is the peak
-# (:meth:`StepTimeModel.with_efficiency` admits (0, 1]).
-EFFICIENCY_RANGE = (1e-5, 1.0)
+# The range a refitted efficiency may take: a run can reach far below the kernel model (a CPU slot priced as a
+# GPU type, a tiny model that is all fixed overhead), and somewhat above it
+# (:meth:`StepTimeModel.with_efficiency` admits (0, MAX_RELATIVE_EFFICIENCY]).
+EFFICIENCY_RANGE = (1e-5, MAX_RELATIVE_EFFICIENCY)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

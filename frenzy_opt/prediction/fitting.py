@@ -24,12 +24,11 @@ import numpy as np
 
 from frenzy_opt.hardware.gpus import GpuType
 from frenzy_opt.hardware.topology import Links
-from frenzy_opt.prediction.steptime import DEFAULT_EFFICIENCY, StepTerms, StepTimeModel
+from frenzy_opt.prediction.steptime import DEFAULT_EFFICIENCY, MAX_RELATIVE_EFFICIENCY, StepTerms, StepTimeModel
 
-# The most of the dense peak a large GEMM reaches: cuBLAS sustains roughly 75-85 % of the tensor peak on
-# large bf16 GEMMs on A100 and H100 (NVIDIA "Matrix Multiplication Background User's Guide", Fig. 2-3 reach
-# about 250 of 312 TFLOP/s on A100), so fits are bounded there.
-MAX_GEMM_EFFICIENCY = 0.85
+# The efficiency is a fraction of the kernel model's rates, which are measured maxima of a shape search
+# (data/kernel-throughput.yaml); its bound is the step-time model's.
+MAX_GEMM_EFFICIENCY = MAX_RELATIVE_EFFICIENCY
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,9 +56,9 @@ def efficiency_parameter(
     key: str, *, start: float | None = None, lo: float = 0.02, hi: float = MAX_GEMM_EFFICIENCY
 ) -> Parameter:
     """The matmul efficiency stored under ``key`` (an architecture, a GPU type, or ``f"{gpu}@{precision}"``:
-    the keys :meth:`StepTimeModel.efficiency_of` reads); an absent entry starts from ``start``, else from the
-    architecture's default, else 0.5."""
-    default = start if start is not None else DEFAULT_EFFICIENCY.get(key, 0.5)
+    the keys :meth:`StepTimeModel.efficiency_of` reads, or ``"*"``); an absent entry starts from ``start``,
+    else from :data:`DEFAULT_EFFICIENCY`."""
+    default = start if start is not None else DEFAULT_EFFICIENCY
     return Parameter(
         f"efficiency[{key}]",
         lambda m: m.efficiency.get(key, default),

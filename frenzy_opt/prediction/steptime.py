@@ -4,26 +4,33 @@ The step is priced on the pipeline rank that limits it (the last stage: its laye
 loss), after Narayanan et al. 2021 ("Efficient Large-Scale Language Model Training on GPU Clusters Using
 Megatron-LM", Sec. 2-3). One micro-batch on that rank costs
 
-* **matmuls**: the linear layers' FLOPs (2 per multiply-add, backward twice the forward, a recomputed
-  forward under full recompute; Narayanan et al. 2021, Sec. 5.1) at the GPU's dense tensor peak for the
-  precision times a fitted efficiency per GPU architecture, plus each GEMM's operand traffic at HBM speed
-  (the roofline's memory side, Williams et al. 2009): the size dependence -- a small hidden size or
-  micro-batch moves nearly as many bytes per FLOP as it computes, so it reaches a smaller fraction of peak;
+* **matmuls**: every linear layer's forward, input-gradient and weight-gradient GEMM by its shape (a
+  recomputed forward under full recompute; Narayanan et al. 2021, Sec. 5.1), each priced by
+  :func:`frenzy_opt.prediction.kernels.gemm_s` on the GPU type's *measured* large-GEMM rate for the format
+  (data/kernel-throughput.yaml: maximum-achievable-matmul tables, each figure cited) with tile and wave
+  quantization over its SMs, split-K for few tiles, the roofline's memory side (Williams et al. 2009) and a
+  launch floor per kernel -- so a small hidden size or micro-batch reaches a smaller fraction of the rate,
+  and a GPU type the calibration runs never used is priced by its own measurements. The runtime's share of
+  those rates (its libraries) is the one fitted factor (``gemm_efficiency``);
 * **attention core**: FlashAttention where the GPU supports it (Ampere and later, Dao 2023, "FlashAttention-2",
-  Sec. 1; causal masking skips half the blocks, backward 2.5x the forward with its recompute), else eager
+  Sec. 1; causal masking skips half the blocks, backward 2.5x the forward with its recompute) at the rate
+  FlashAttention's benchmark tables measured for the runtime's kernel and the head dimension
+  (:func:`frenzy_opt.prediction.kernels.flash_tflops`), else eager
   attention: QK^T and attention x V as matmuls plus the score matrix ``b a s^2`` written and read by the
   mask, softmax and dropout at HBM speed (Dao et al. 2022, "FlashAttention", Sec. 2.2: standard attention
   is memory-bound on that matrix);
-* **fp8** (Transformer Engine, torchao float8): only the linear layers run at the fp8 rate (at a fitted
-  fraction of the bf16 efficiency); the attention core, the output layer and every elementwise op stay in
-  bf16, and each fp8 GEMM first casts its input, its weight and (backward) its output gradient -- a read of
+* **fp8** (Transformer Engine, torchao float8): only the linear layers run at the measured fp8 rate (times
+  a fitted ratio, 1 when fp8 GEMMs reach the same share of their rate as bf16 ones); the attention core, the
+  output layer and every elementwise op stay in bf16, and each fp8 GEMM first casts its input, its weight and
+  (backward) its output gradient -- a read of
   2 bytes and a write of 1 per element at HBM speed (NVIDIA Transformer Engine docs, "Using FP8 with
   Transformer Engine": inputs and weights are quantised per GEMM; Micikevicius et al. 2022, "FP8 Formats for
   Deep Learning", Sec. 4);
 * **elementwise work** (norms, residual adds, activation functions, dropout, rotary, bias): a fitted number
-  of HBM passes over the layer's activations, and a fitted fixed cost per layer (kernel launches, ~5-10 us
-  each for some 20-40 kernels per layer forward and backward; NVIDIA CUDA C++ Best Practices Guide, "Kernel
-  launch overhead") -- what makes 1B-class models far slower than their FLOPs;
+  of passes over the layer's activations at the measured device-memory bandwidth, and a fitted fixed cost
+  per layer (kernel launches, ~5-10 us each for some 20-40 kernels per layer forward and
+  backward; NVIDIA CUDA C++ Best Practices Guide, "Kernel launch overhead") -- what makes 1B-class models
+  far slower than their FLOPs;
 * **tensor, context and expert parallelism**: two all-reduces of the block's activations forward and two
   backward per block (Shoeybi et al. 2019, Fig. 4; the volume of sequence parallelism's all-gathers and
   reduce-scatters, Korthikanti et al. 2022), exposed unless ``training.tp_comm_overlap`` (Megatron's
@@ -43,7 +50,8 @@ Per step, after the micro-batches:
   (:data:`OVERLAP`): Megatron's overlapped grad reduce and param gather hide behind the last micro-batch's
   backward and the first one's forward; PyTorch DDP's bucketed all-reduce behind the last backward; FSDP2's
   prefetch behind each micro-batch's compute; DeepSpeed's pipeline engine reduces after the flush, exposed;
-* **the optimizer step**: memory-bound, reading and writing the fp32 states of the rank's shard at HBM speed.
+* **the optimizer step**: memory-bound, reading and writing the fp32 states of the rank's shard at the
+  measured device-memory bandwidth.
 
 **Links** (:class:`Links`, built by :func:`frenzy_opt.hardware.topology.links_for` from the topology graph): a GPU's
 intra-node bandwidth is half the bidirectional aggregate its spec sheet states; a node's NICs together carry
@@ -70,8 +78,10 @@ from typing import Any
 
 from frenzy_opt.core.spec import JobSpec, ParallelConfig, TrainingConfig
 from frenzy_opt.hardware.gpus import GpuType
+from frenzy_opt.hardware.throughput import achievable
 from frenzy_opt.hardware.topology import Links
 from frenzy_opt.models.arch import ModelArch
+from frenzy_opt.prediction import kernels
 from frenzy_opt.prediction.marp.layout import DTYPE_BYTES
 
 __all__ = ["Links", "StepTerms", "StepTime", "StepTimeModel", "collective_s", "step_terms_of", "step_time"]
@@ -80,10 +90,13 @@ __all__ = ["Links", "StepTerms", "StepTime", "StepTimeModel", "collective_s", "s
 # PERFORMANCE.md; e.g. ~235 GB/s on A100 NVLink3's 300 GB/s per direction).
 LINK_EFFICIENCY = 0.8
 
-# Starting values of the achievable fraction of the dense tensor-core peak in large GEMMs, by architecture,
-# before any fit: Megatron-LM reaches 44-52 % of the A100 peak end to end (Narayanan et al. 2021, Table 1),
-# about 60 % in the matmuls. The shipped fit (data/steptime-fit.json) replaces them where it has data.
-DEFAULT_EFFICIENCY = {"volta": 0.45, "turing": 0.40, "ampere": 0.60, "ada": 0.45, "hopper": 0.55, "blackwell": 0.50}
+# The fraction of the kernel model's time a runtime's GEMMs reach (module docstring): 1 = as measured by
+# the throughput tables (data/kernel-throughput.yaml, :mod:`frenzy_opt.prediction.kernels`). The fit keeps
+# one value for every GPU (key "*"), so a GPU type the fit never saw is priced by its own measurements.
+DEFAULT_EFFICIENCY = 1.0
+# The most an efficiency may be: the measured maxima are a shape search's at the benchmark's clocks, and a
+# tuned runtime or a higher-clocked part can beat them somewhat; a fit that ends here is a finding.
+MAX_RELATIVE_EFFICIENCY = 1.5
 
 # GPU architectures FlashAttention runs on: Ampere, Ada and Hopper (FlashAttention-2 README, "Requirements":
 # Ampere, Ada, or Hopper GPUs) and Blackwell (cuDNN's fused attention); Volta and Turing fall back to eager.
@@ -123,13 +136,15 @@ ELEMENTWISE_PASSES = 12.0
 # Starting value of the fixed cost per layer and micro-batch: some 40 kernels forward and backward at about
 # 5 us of launch each (CUDA C++ Best Practices Guide, "Kernel launch overhead").
 LAYER_OVERHEAD_S = 2e-4
-# Starting value of FlashAttention's efficiency relative to the GEMMs' (Shah et al. 2024: 35-75 % of peak).
-ATTENTION_EFFICIENCY = 0.6
+# FlashAttention runs at the rate measured for its kernel (:func:`kernels.flash_tflops`); this multiplier
+# stays 1 unless a calibration sets it.
+ATTENTION_EFFICIENCY = 1.0
 PER_RUNTIME_DEFAULTS = {
     "elementwise_passes": ELEMENTWISE_PASSES,
     "attention_efficiency": ATTENTION_EFFICIENCY,
     "layer_overhead_s": LAYER_OVERHEAD_S,
     "microbatch_overhead_s": 0.0,
+    "gemm_efficiency": DEFAULT_EFFICIENCY,
 }
 
 # fp8 casting: each element quantised is read in bf16 (2 bytes) and written in fp8 (1 byte).
@@ -151,7 +166,7 @@ def collective_s(links: Links, nbytes: float, group: int, stride: int, efficienc
     across the ``N`` nodes, all-gather back), each node's NICs shared by all its GPUs' groups."""
     if group <= 1 or nbytes <= 0:
         return 0.0
-    intra = links.intra_node_gbyte_s * 1e9 * efficiency
+    intra = links.intra_node_bytes_s(efficiency)
     if group * stride <= links.domain or links.nic_gbyte_s <= 0:
         return _ring_factor(group) * nbytes / intra
     nic = links.nic_gbyte_s * 1e9 * efficiency
@@ -172,7 +187,7 @@ def p2p_s(links: Links, nbytes: float, crosses_nodes: bool, efficiency: float) -
         return 0.0
     if crosses_nodes and links.nic_gbyte_s > 0:
         return nbytes / (links.nic_gbyte_s * 1e9 * efficiency / links.gpus_per_node)
-    return nbytes / (links.intra_node_gbyte_s * 1e9 * efficiency)
+    return nbytes / links.intra_node_bytes_s(efficiency)
 
 
 def all_to_all_s(links: Links, nbytes: float, group: int, stride: int, efficiency: float) -> float:
@@ -181,7 +196,7 @@ def all_to_all_s(links: Links, nbytes: float, group: int, stride: int, efficienc
     if group <= 1 or nbytes <= 0:
         return 0.0
     out = nbytes * (group - 1) / group
-    intra = out / (links.intra_node_gbyte_s * 1e9 * efficiency)
+    intra = out / links.intra_node_bytes_s(efficiency)
     if group * stride <= links.domain or links.nic_gbyte_s <= 0:
         return intra
     per_node = max(1, min(group, links.gpus_per_node // max(stride, 1)))
@@ -233,11 +248,12 @@ class StepTimeModel:
     """The model's fitted parameters (module docstring)."""
 
     efficiency: dict[str, float] = field(default_factory=dict)
-    """Matmul efficiency, keyed by architecture (``"hopper"``), GPU type (``"H100-SXM5-80GB"``) or GPU type
-    and number format (``"T4@fp16"``); the most specific key wins."""
+    """The fraction of the kernel model's GEMM rate reached, keyed by GPU type and number format
+    (``"T4@fp16"``), GPU type (``"H100-SXM5-80GB"``), architecture (``"hopper"``) or ``"*"`` (every GPU);
+    the most specific key wins, else :data:`DEFAULT_EFFICIENCY`."""
     link_efficiency: float = LINK_EFFICIENCY
-    fp8_efficiency: float = 0.7
-    """fp8 GEMM efficiency over the bf16 one on the same GPU."""
+    fp8_efficiency: float = 1.0
+    """fp8 GEMMs' fraction of the measured fp8 rate over the bf16 GEMMs' fraction of the bf16 rate."""
     elementwise_passes: dict[str, float] = field(default_factory=dict)
     """HBM passes over a layer's activations (``tokens x (hidden + ffn/4)`` elements per tp rank) per
     forward, by runtime (fused kernels in Megatron and Transformer Engine, one kernel per op in eager
@@ -253,6 +269,11 @@ class StepTimeModel:
     by runtime; a runtime without a fit takes the mean of the fitted ones, else :data:`LAYER_OVERHEAD_S`."""
     microbatch_overhead_s: dict[str, float] = field(default_factory=dict)
     """Per-micro-batch, per-pipeline-slot scheduling seconds by runtime (absent: 0)."""
+    gemm_efficiency: dict[str, float] = field(default_factory=dict)
+    """The fraction of the measured kernel rates a runtime's GEMMs and attention reach, by runtime (its
+    libraries: Transformer Engine and cuBLASLt with tuned epilogues in Megatron, PyTorch's eager kernels
+    elsewhere); a property of the software, not of the GPU, so it transfers to GPU types the fit never saw.
+    A runtime without a fit takes the mean of the fitted ones, else :data:`DEFAULT_EFFICIENCY`."""
     residuals: tuple[float, ...] = ()
     """Cross-validated ``log(measured / predicted)`` of the runs the parameters were fitted on: the
     prediction band (:meth:`band`) and the simulator's noisy truth draw from them."""
@@ -267,15 +288,12 @@ class StepTimeModel:
             return self.efficiency[gpu.name]
         if gpu.architecture in self.efficiency:
             return self.efficiency[gpu.architecture]
-        fitted = [v for k, v in self.efficiency.items() if k in DEFAULT_EFFICIENCY]
-        if fitted:  # an architecture the fit has no run of: the median of the fitted ones
-            return statistics.median(fitted)
-        return DEFAULT_EFFICIENCY.get(gpu.architecture, 0.5)
+        return self.efficiency.get("*", DEFAULT_EFFICIENCY)
 
     def per_runtime(self, name: str, runtime: str) -> float:
         """``runtime``'s entry of the per-runtime table ``name`` (``elementwise_passes``,
-        ``attention_efficiency``, ``layer_overhead_s``, ``microbatch_overhead_s``); else the entry for every
-        runtime (key ``"*"``); else the mean of the fitted entries; else the starting value
+        ``attention_efficiency``, ``layer_overhead_s``, ``microbatch_overhead_s``, ``gemm_efficiency``); else the
+        entry for every runtime (key ``"*"``); else the mean of the fitted entries; else the starting value
         (:data:`PER_RUNTIME_DEFAULTS`)."""
         table: dict[str, float] = getattr(self, name)
         if runtime in table:
@@ -287,8 +305,8 @@ class StepTimeModel:
         return PER_RUNTIME_DEFAULTS[name]
 
     def with_efficiency(self, key: str, value: float, precision: str | None = None) -> StepTimeModel:
-        if not 0 < value <= 1:
-            raise ValueError(f"efficiency of {key} must be in (0, 1], got {value}")
+        if not 0 < value <= MAX_RELATIVE_EFFICIENCY:
+            raise ValueError(f"efficiency of {key} must be in (0, {MAX_RELATIVE_EFFICIENCY:g}], got {value}")
         name = key if precision is None else f"{key}@{precision}"
         return replace(self, efficiency={**self.efficiency, name: value})
 
@@ -413,8 +431,6 @@ class StepTerms:
     vpp: int
     linear_flops: float
     """Linear-layer FLOPs per micro-batch (run at the fp8 rate under fp8)."""
-    other_flops: float
-    """Output layer and (eager) attention matmul FLOPs per micro-batch, at the 16-bit rate."""
     flash_flops: float
     """FlashAttention FLOPs per micro-batch (used only where the GPU runs FlashAttention)."""
     eager_flops: float
@@ -423,8 +439,15 @@ class StepTerms:
     """The job asks for eager attention (``parallel.attention``)."""
     eager_attention_bytes: float
     """Score-matrix HBM traffic per micro-batch of eager attention (where FlashAttention is not run)."""
-    gemm_bytes: float
-    """GEMM operand traffic per micro-batch of the stage's layers (weights and activations in and out)."""
+    linear_gemms: tuple[tuple[float, float, float, float], ...] = ()
+    """The stage's linear-layer GEMMs per micro-batch as ``(m, n, k, count)``: each linear's forward (and
+    recomputed forward), input-gradient and weight-gradient GEMM (:func:`_linear_gemms`)."""
+    output_gemms: tuple[tuple[float, float, float, float], ...] = ()
+    """The output layer's GEMMs per micro-batch on the last stage, ``(m, n, k, count)``."""
+    head_dim: int = 128
+    seq_len: int = 2048
+    operand_bytes: float = 2.0
+    """Bytes per GEMM operand element of the linear layers (1 under fp8)."""
     output_bytes: float
     """The output layer's and loss's HBM traffic per micro-batch (fp32 logits)."""
     balanced: bool
@@ -466,24 +489,41 @@ class StepTerms:
 
 
 def evaluate_terms(t: StepTerms, gpu: GpuType, links: Links, model: StepTimeModel) -> StepTime:
-    """Seconds of ``t`` on ``gpu`` with ``links`` (module docstring)."""
-    efficiency = model.efficiency_of(gpu, t.precision)
-    sixteen = peak_tflops(gpu, "fp16" if t.precision == "fp8" else t.precision) * 1e12 * efficiency
+    """Seconds of ``t`` on ``gpu`` with ``links`` (module docstring; kernels by
+    :mod:`frenzy_opt.prediction.kernels` on the GPU type's measured throughput)."""
+    rates = achievable(gpu)
+    efficiency = model.efficiency_of(gpu, t.precision) * model.per_runtime("gemm_efficiency", t.runtime)
+    sixteen_format = ("bf16" if gpu.bf16_tflops else "fp16") if t.precision == "fp8" else t.precision
+    sixteen_tflops = rates.matmul(sixteen_format) * efficiency
+    sixteen = sixteen_tflops * 1e12
     if t.precision == "fp8" and gpu.fp8_tflops:
-        linear_rate = float(gpu.fp8_tflops) * 1e12 * efficiency * model.fp8_efficiency
-        casts = t.fp8_cast_bytes
+        linear_tflops = rates.matmul("fp8") * efficiency * model.fp8_efficiency
+        casts, operand = t.fp8_cast_bytes, t.operand_bytes
     else:
-        linear_rate, casts = sixteen, 0.0
-    hbm = gpu.hbm_gbyte_s * 1e9
+        linear_tflops, casts, operand = sixteen_tflops, 0.0, max(t.operand_bytes, 2.0)
+    hbm = rates.hbm_gbyte_s * 1e9
+    out_bytes = 4.0 if t.precision == "fp32" else 2.0
     flash = gpu.architecture in FLASH_ARCHITECTURES and not t.eager
     if flash:
-        attention = t.flash_flops / (sixteen * model.per_runtime("attention_efficiency", t.runtime))
+        rate = kernels.flash_tflops(gpu, t.runtime, t.head_dim, t.seq_len, t.precision) * 1e12
+        attention = t.flash_flops / (rate * efficiency * model.per_runtime("attention_efficiency", t.runtime))
     else:
         attention = t.eager_flops / sixteen + t.eager_attention_bytes / hbm
-    layers = t.linear_flops / linear_rate + t.gemm_bytes / hbm + attention
+    gemms = sum(
+        count * kernels.gemm_s(m, n, k, tflops=linear_tflops, hbm_gbyte_s=rates.hbm_gbyte_s, gpu=gpu,
+                               operand_bytes=operand, out_bytes=out_bytes)
+        for m, n, k, count in t.linear_gemms
+    )  # fmt: skip
+    layers = gemms + attention
     layers += (3 * model.per_runtime("elementwise_passes", t.runtime) * t.elementwise_bytes + casts) / hbm
+    # The host's dispatch cost per layer adds to the GPU's work: letting it overlap (a max of the two) fitted
+    # worse, 28.2 % against 26.4 % leave one source out (measured with `frenzy calibrate`).
     layers += t.layers * model.per_runtime("layer_overhead_s", t.runtime)
-    output = t.other_flops / sixteen + t.output_bytes / hbm
+    output = sum(
+        count * kernels.gemm_s(m, n, k, tflops=sixteen_tflops, hbm_gbyte_s=rates.hbm_gbyte_s, gpu=gpu,
+                               operand_bytes=out_bytes, out_bytes=out_bytes)
+        for m, n, k, count in t.output_gemms
+    ) + t.output_bytes / hbm  # fmt: skip
     if t.balanced:  # stages balanced by cost: the output layer's time spread over the stages
         per_microbatch = (layers * t.pp + output) / t.pp
     else:  # equal layers per stage, the output layer on the last one
@@ -492,8 +532,8 @@ def evaluate_terms(t: StepTerms, gpu: GpuType, links: Links, model: StepTimeMode
     tp = collective_s(links, t.tp_bytes, t.tp, 1, eff)
     if t.tp_overlap:  # hidden behind the GEMMs it is pipelined with (Wang et al. 2023, "Overlap communication
         # with dependent computation via decomposition"; Megatron's userbuffers and torchtitan's async TP)
-        tp = max(0.0, tp - t.linear_flops / linear_rate)
-    cp = max(0.0, collective_s(links, t.cp_bytes, t.cp, t.tp, eff) / 2 - (t.flash_flops / sixteen if flash else 0))
+        tp = max(0.0, tp - gemms)
+    cp = max(0.0, collective_s(links, t.cp_bytes, t.cp, t.tp, eff) / 2 - (attention if flash else 0))
     ep = all_to_all_s(links, t.ep_bytes, t.ep, t.tp, eff)
     # Consecutive stages sit on different nodes when one stage fills a node or more.
     crosses = t.num_gpus > links.domain and t.pp_stride >= links.gpus_per_node
@@ -543,6 +583,41 @@ def _layer_linear_dims(arch: ModelArch, tp: int) -> tuple[float, float]:
     return attention_weights + mlp_weights, attention_widths + mlp_widths
 
 
+def _layer_linears(arch: ModelArch, tp: int, ep: int, tokens: float) -> list[tuple[float, float, float]]:
+    """(tokens through it, input width, output width) of each linear of one layer on one tp rank: the fused
+    q/k/v and the output projection, then the MLP (an MoE layer's local experts, each seeing ``tokens x
+    top_k x ep / experts`` tokens of the ep group, and the router)."""
+    h, d = arch.hidden_size, arch.kv_channels
+    q = arch.num_attention_heads * d / tp
+    kv = max(arch.num_kv_heads // tp, 1) * d
+    up = 2 if arch.mlp == "swiglu" else 1
+    out = [(tokens, h, q + 2 * kv), (tokens, q, h)]
+    if arch.is_moe:
+        per_expert = tokens * arch.moe_top_k * ep / arch.num_experts
+        ffn = arch.expert_ffn_size / tp
+        for _ in range(max(arch.num_experts // ep, 1)):
+            out += [(per_expert, h, up * ffn), (per_expert, ffn, h)]
+        out.append((tokens, h, arch.num_experts))
+    else:
+        ffn = arch.ffn_hidden_size / tp
+        out += [(tokens, h, up * ffn), (tokens, ffn, h)]
+    return out
+
+
+Gemm = tuple[float, float, float, float]
+
+
+def _gemms(linears: list[tuple[float, float, float]], layers: float, forwards: float) -> tuple[Gemm, ...]:
+    """Each linear's GEMMs ``(m, n, k, count)``: the forward ``forwards`` times per layer (2 under full
+    recompute), the input gradient and the weight gradient once (Narayanan et al. 2021, Sec. 3.5: forward,
+    then two backward GEMMs of the same size)."""
+    out: list[Gemm] = []
+    for tokens, fan_in, fan_out in linears:
+        out += [(tokens, fan_out, fan_in, layers * forwards), (tokens, fan_in, fan_out, layers),
+                (fan_in, fan_out, tokens, layers)]  # fmt: skip
+    return tuple(out)
+
+
 def step_terms_of(arch: ModelArch, t: TrainingConfig, p: ParallelConfig) -> StepTerms:
     """:func:`step_terms` from the parts of a job spec."""
     microbatches = t.num_micro_batches(p.dp)
@@ -555,7 +630,6 @@ def step_terms_of(arch: ModelArch, t: TrainingConfig, p: ParallelConfig) -> Step
     weights, widths = _layer_linear_dims(arch, tp)
     # Matmul FLOPs: 2 per multiply-add, forward + 2x backward (+ the recomputed forward).
     linear = 6 * tokens * weights * layers * recompute
-    gemm_bytes = 3 * act * (weights + tokens * widths) * layers * recompute
     heads = arch.num_attention_heads / tp
     core = 4.0 * tokens * seq * heads * arch.kv_channels  # QK^T and attention x V, one forward
     core_passes = 3 + (1 if p.recompute in ("full", "selective") else 0)
@@ -566,7 +640,6 @@ def step_terms_of(arch: ModelArch, t: TrainingConfig, p: ParallelConfig) -> Step
     # dropout, read by attention x V (about 8 passes forward, twice that backward).
     eager = act * tokens * seq * heads * 8 * core_passes * layers
     vocab = arch.vocab_size / tp
-    logits = 6 * tokens * h * vocab  # output layer, last stage
     logits_bytes = 4 * tokens * vocab * 4  # fp32 logits: written, softmax read and written, gradient
     sp = tp if p.sequence_parallel else 1
     up = 2 if arch.mlp == "swiglu" else 1
@@ -609,8 +682,15 @@ def step_terms_of(arch: ModelArch, t: TrainingConfig, p: ParallelConfig) -> Step
         dp_step = grad * params
     sharded = p.zero_stage >= 1 or t.runtime == "fsdp2"
     flops = step_flops(arch, t, p)
+    linear_gemms = _gemms(_layer_linears(arch, tp, p.ep, tokens), layers, 2.0 if p.recompute == "full" else 1.0)
+    output_gemms = _gemms([(tokens, h, math.ceil(arch.vocab_size / tp))], 1.0, 1.0)
     return StepTerms(
         model_flops=flops,
+        linear_gemms=linear_gemms,
+        output_gemms=output_gemms,
+        head_dim=arch.kv_channels,
+        seq_len=seq,
+        operand_bytes=1.0 if t.precision == "fp8" else float(act if t.precision != "fp32" else 4),
         flops_per_gpu=flops / p.num_gpus,
         precision=t.precision,
         runtime=t.runtime,
@@ -618,12 +698,10 @@ def step_terms_of(arch: ModelArch, t: TrainingConfig, p: ParallelConfig) -> Step
         pp=p.pp,
         vpp=p.vpp,
         linear_flops=linear,
-        other_flops=logits,
         flash_flops=flash,
         eager_flops=eager_flops,
         eager=p.attention == "eager",
         eager_attention_bytes=eager,
-        gemm_bytes=gemm_bytes,
         output_bytes=logits_bytes,
         balanced=t.runtime in BALANCED_STAGES,
         elementwise_bytes=elementwise,
