@@ -22,6 +22,7 @@ hundreds of small kernels cost only their FLOPs.
 
 from __future__ import annotations
 
+import functools
 import math
 
 from frenzy_opt.hardware.gpus import GpuType, load_gpus
@@ -76,6 +77,18 @@ def gemm_s(m: float, n: float, k: float, *, tflops: float, hbm_gbyte_s: float, g
     return max(math_s, traffic / (hbm_gbyte_s * 1e9)) + LAUNCH_S
 
 
+@functools.lru_cache(maxsize=65536)
+def gemms_s(gemms: tuple[tuple[float, float, float, float], ...], gpu: GpuType, tflops: float, hbm_gbyte_s: float,
+            operand_bytes: float, out_bytes: float) -> float:  # fmt: skip
+    """Seconds of ``(m, n, k, count)`` GEMMs (:func:`gemm_s` each); cached, as a plan search prices the same
+    layer shapes at many data-parallel degrees."""
+    return sum(
+        count * gemm_s(m, n, k, tflops=tflops, hbm_gbyte_s=hbm_gbyte_s, gpu=gpu, operand_bytes=operand_bytes,
+                       out_bytes=out_bytes)
+        for m, n, k, count in gemms
+    )  # fmt: skip
+
+
 def memory_s(nbytes: float, rates: Achievable, kernels: float = 0.0) -> float:
     """Seconds of memory-bound kernels moving ``nbytes`` in ``kernels`` launches."""
     return nbytes / (rates.hbm_gbyte_s * 1e9) + kernels * LAUNCH_S
@@ -107,6 +120,7 @@ def measured_flash_tflops(rates: Achievable, kernel: str, head_dim: int, seq_len
     return _fwd_bwd(point) if point is not None else None
 
 
+@functools.lru_cache(maxsize=4096)
 def flash_tflops(gpu: GpuType, runtime: str, head_dim: int, seq_len: int, precision: str) -> float:
     """FlashAttention's forward-and-backward rate for ``runtime`` on ``gpu`` (module docstring)."""
     kernel = FLASH_KERNEL.get((runtime, gpu.architecture), "FA2")

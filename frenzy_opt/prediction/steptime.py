@@ -509,21 +509,14 @@ def evaluate_terms(t: StepTerms, gpu: GpuType, links: Links, model: StepTimeMode
         attention = t.flash_flops / (rate * efficiency * model.per_runtime("attention_efficiency", t.runtime))
     else:
         attention = t.eager_flops / sixteen + t.eager_attention_bytes / hbm
-    gemms = sum(
-        count * kernels.gemm_s(m, n, k, tflops=linear_tflops, hbm_gbyte_s=rates.hbm_gbyte_s, gpu=gpu,
-                               operand_bytes=operand, out_bytes=out_bytes)
-        for m, n, k, count in t.linear_gemms
-    )  # fmt: skip
+    gemms = kernels.gemms_s(t.linear_gemms, gpu, linear_tflops, rates.hbm_gbyte_s, operand, out_bytes)
     layers = gemms + attention
     layers += (3 * model.per_runtime("elementwise_passes", t.runtime) * t.elementwise_bytes + casts) / hbm
     # The host's dispatch cost per layer adds to the GPU's work: letting it overlap (a max of the two) fitted
     # worse, 28.2 % against 26.4 % leave one source out (measured with `frenzy calibrate`).
     layers += t.layers * model.per_runtime("layer_overhead_s", t.runtime)
-    output = sum(
-        count * kernels.gemm_s(m, n, k, tflops=sixteen_tflops, hbm_gbyte_s=rates.hbm_gbyte_s, gpu=gpu,
-                               operand_bytes=out_bytes, out_bytes=out_bytes)
-        for m, n, k, count in t.output_gemms
-    ) + t.output_bytes / hbm  # fmt: skip
+    output = kernels.gemms_s(t.output_gemms, gpu, sixteen_tflops, rates.hbm_gbyte_s, out_bytes, out_bytes)
+    output += t.output_bytes / hbm
     if t.balanced:  # stages balanced by cost: the output layer's time spread over the stages
         per_microbatch = (layers * t.pp + output) / t.pp
     else:  # equal layers per stage, the output layer on the last one
