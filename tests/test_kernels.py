@@ -119,3 +119,29 @@ def test_geforce_boards_stage_intra_node_collectives_through_the_host() -> None:
     # An NVLink bridge stated for the server lifts the staging.
     bridged = Links.for_gpu(lookup_gpu("RTX-3090"), intra_node="pcie", intra_node_spec_gbyte_s=112.5)
     assert not bridged.host_staged
+
+
+def test_small_collectives_are_not_free() -> None:
+    """Every tensor-parallel all-reduce and pipeline send pays the measured small-message latency of its link:
+    NVLink inside an H100 node, PCIe on a PCIe board, the network across nodes."""
+    from frenzy_opt.core.spec import parse_job
+    from frenzy_opt.hardware.topology import NETWORK_LATENCY_S, NVLINK_LATENCY_S, PCIE_LATENCY_S, Links
+    from frenzy_opt.prediction.steptime import latency_s, shipped_model, step_terms
+
+    tiny = {"num_layers": 4, "hidden_size": 64, "ffn_hidden_size": 256, "num_attention_heads": 4, "vocab_size": 1024}
+    job = parse_job({"model": tiny, "training": {"seq_len": 128, "global_batch_size": 8, "micro_batch_size": 1},
+                     "parallel": {"tp": 2, "pp": 2, "dp": 1}})  # fmt: skip
+    terms = step_terms(job)
+    tp_calls, _, _, sends = terms.collective_calls
+    assert tp_calls == 2 * 4  # 2 layers per stage x 4 all-reduces (two forward, two backward)
+    assert sends == 2
+    h100 = lookup_gpu("H100-SXM5-80GB")
+    step = terms.evaluate(h100, Links.for_gpu(h100), shipped_model())
+    slots = terms.microbatches + 1
+    assert step.intra_node_comm_s >= slots * tp_calls * NVLINK_LATENCY_S
+    assert step.pipeline_p2p_s >= slots * sends * NVLINK_LATENCY_S
+    # The link decides: a PCIe board (its default intra-node link, no override) and a group across nodes.
+    l4 = Links.for_gpu(lookup_gpu("L4"), inter_node_gbit_s=100, gpus_per_node=4)
+    assert l4.pcie and not l4.host_staged and latency_s(l4, 4, 1) == PCIE_LATENCY_S
+    assert Links.for_gpu(lookup_gpu("RTX-4090"), gpus_per_node=4).host_staged
+    assert latency_s(l4, 8, 1) == NETWORK_LATENCY_S and latency_s(l4, 1, 1) == 0.0

@@ -42,6 +42,14 @@ class Node:
 # (data/collectives.yaml, pcie_gen3_no_p2p, with its citation).
 HOST_STAGED_FRACTION = 4.0 / 16.0
 
+# The time of a small-message all-reduce (nccl-tests, data/collectives.yaml, each with its citation): what
+# every collective call or pipeline send pays before its bytes. NVLink: 8 x H100 on NVSwitch, 25.6 us (1 KiB
+# row of Azure's ND H100 v5 table); PCIe: 8 x RTX 4090, 42.1 us (8 B, nccl issue #1530); across nodes:
+# 16 ranks on 2 nodes of 8 x 400 Gb/s InfiniBand NDR, 46.3 us (16 B, nccl issue #1244).
+NVLINK_LATENCY_S = 25.6e-6
+PCIE_LATENCY_S = 42.1e-6
+NETWORK_LATENCY_S = 46.3e-6
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Links:
@@ -54,6 +62,8 @@ class Links:
     gpus_per_node: int = 8
     nvlink_domain: int = 0
     """GPUs sharing one NVLink fabric (0: one node)."""
+    pcie: bool = False
+    """The intra-node link is PCIe (not NVLink)."""
     host_staged: bool = False
     """Intra-node traffic goes through host memory (PCIe boards without peer-to-peer, ``GpuType.pcie_p2p``):
     it reaches :data:`HOST_STAGED_FRACTION` of the link, whatever ``link_efficiency`` says."""
@@ -61,6 +71,11 @@ class Links:
     @property
     def domain(self) -> int:
         return max(self.nvlink_domain, self.gpus_per_node)
+
+    @property
+    def intra_node_latency_s(self) -> float:
+        """A collective call's fixed time inside the node (:data:`NVLINK_LATENCY_S`, :data:`PCIE_LATENCY_S`)."""
+        return PCIE_LATENCY_S if self.pcie else NVLINK_LATENCY_S
 
     def intra_node_bytes_s(self, efficiency: float) -> float:
         """Bytes per second per direction an intra-node collective or send reaches at ``efficiency``."""
@@ -85,12 +100,15 @@ class Links:
             spec = intra_node_spec_gbyte_s
         else:
             spec = gpu.pcie_gbyte_s if intra_node == "pcie" else gpu.intra_node_gbyte_s
+        # A server whose own figure is given (an NVLink bridge, a capped NVLink) is not plain PCIe.
+        pcie = (intra_node or gpu.intra_node) == "pcie" and intra_node_spec_gbyte_s is None
         return Links(
             intra_node_gbyte_s=spec / 2,
             nic_gbyte_s=(inter_node_gbit_s or 0.0) / 8,
             gpus_per_node=gpus_per_node,
             nvlink_domain=nvlink_domain,
-            host_staged=intra_node == "pcie" and not gpu.pcie_p2p and intra_node_spec_gbyte_s is None,
+            pcie=pcie,
+            host_staged=pcie and not gpu.pcie_p2p,
         )
 
 
@@ -132,7 +150,8 @@ class Topology:
                 for k in range(node.num_gpus):
                     self.graph.add_node(("gpu", node.index, k), kind="gpu", gpu_type=node.gpu.name)
                     self.graph.add_edge(("gpu", node.index, k), ("node", node.index),
-                                        gbyte_s=links.intra_node_gbyte_s, host_staged=links.host_staged)  # fmt: skip
+                                        gbyte_s=links.intra_node_gbyte_s, host_staged=links.host_staged,
+                                        pcie=links.pcie)  # fmt: skip
         self._by_type: dict[str, list[int]] = {}
         for node in self.nodes:
             self._by_type.setdefault(node.gpu.name, []).append(node.index)
@@ -184,6 +203,7 @@ class Topology:
         return Links(
             intra_node_gbyte_s=float(edge["gbyte_s"]),
             host_staged=bool(edge["host_staged"]),
+            pcie=bool(edge["pcie"]),
             nic_gbyte_s=float(self.graph.edges[("node", node), ("network",)]["gbyte_s"]),
             gpus_per_node=self.nodes[node].num_gpus,
             nvlink_domain=int(self.graph.nodes[("node", node)]["nvlink_domain"]),

@@ -60,7 +60,11 @@ rack) runs a ring over NVLink; one across nodes runs as NCCL would pick, the fas
 hierarchical all-reduce (intra-node reduce-scatter, inter-node ring, intra-node all-gather; NCCL's "NVLS/tree"
 family) -- in both a node pushes about ``2 (N - 1) / N`` times the buffer through its NICs for each of the
 groups it hosts (Patarasuk & Yuan 2009; NVIDIA nccl-tests PERFORMANCE.md, "bus bandwidth"). Collectives
-reach ``link_efficiency`` of the wire speed.
+reach ``link_efficiency`` of the wire speed, but on PCIe boards without peer-to-peer (GeForce), where NCCL
+stages through host memory, the measured host-staged share (``topology.HOST_STAGED_FRACTION``); and every
+tensor-, context- or expert-parallel call and pipeline send first pays the link's measured small-message
+latency (:func:`latency_s`; nccl-tests figures in data/collectives.yaml), so the many small collectives of a
+small model or an MoE layer are not free.
 
 Fitted parameters (:class:`StepTimeModel`) ship in ``data/steptime-fit.json``, refitted from measured runs
 by ``frenzy calibrate FILE.csv`` (:mod:`frenzy_opt.validation.steptime`).
@@ -79,7 +83,7 @@ from typing import Any
 from frenzy_opt.core.spec import JobSpec, ParallelConfig, TrainingConfig
 from frenzy_opt.hardware.gpus import GpuType
 from frenzy_opt.hardware.throughput import achievable
-from frenzy_opt.hardware.topology import Links
+from frenzy_opt.hardware.topology import NETWORK_LATENCY_S, Links
 from frenzy_opt.models.arch import ModelArch
 from frenzy_opt.prediction import kernels
 from frenzy_opt.prediction.marp.layout import DTYPE_BYTES
@@ -178,6 +182,17 @@ def collective_s(links: Links, nbytes: float, group: int, stride: int, efficienc
         links.gpus_per_node * _ring_factor(nodes) * nbytes / per_node / nic
     )
     return min(ring, hierarchical)
+
+
+def latency_s(links: Links, group: int, stride: int) -> float:
+    """The fixed time of one collective call over ``group`` ranks ``stride`` apart: the intra-node link's
+    small-message latency inside one NVLink domain or node, the network's across nodes (topology's measured
+    nccl-tests figures)."""
+    if group <= 1:
+        return 0.0
+    if group * stride <= links.domain or links.nic_gbyte_s <= 0:
+        return links.intra_node_latency_s
+    return NETWORK_LATENCY_S
 
 
 def p2p_s(links: Links, nbytes: float, crosses_nodes: bool, efficiency: float) -> float:
@@ -466,6 +481,9 @@ class StepTerms:
     cp: int
     ep_bytes: float
     ep: int
+    collective_calls: tuple[float, float, float, float] = (0.0, 0.0, 0.0, 0.0)
+    """Collective calls per micro-batch of the tensor-, context- and expert-parallel groups and the pipeline's
+    sends (all chunks): each pays a small-message latency (:func:`latency_s`) besides its bytes."""
     pipeline_bytes: float
     """Point-to-point bytes per micro-batch between stages (all chunks)."""
     dp_group: int
@@ -522,15 +540,19 @@ def evaluate_terms(t: StepTerms, gpu: GpuType, links: Links, model: StepTimeMode
     else:  # equal layers per stage, the output layer on the last one
         per_microbatch = layers + output
     eff = model.link_efficiency
-    tp = collective_s(links, t.tp_bytes, t.tp, 1, eff)
+    tp_calls, cp_calls, ep_calls, sends = t.collective_calls
+    tp = collective_s(links, t.tp_bytes, t.tp, 1, eff) + tp_calls * latency_s(links, t.tp, 1)
     if t.tp_overlap:  # hidden behind the GEMMs it is pipelined with (Wang et al. 2023, "Overlap communication
         # with dependent computation via decomposition"; Megatron's userbuffers and torchtitan's async TP)
         tp = max(0.0, tp - gemms)
     cp = max(0.0, collective_s(links, t.cp_bytes, t.cp, t.tp, eff) / 2 - (attention if flash else 0))
-    ep = all_to_all_s(links, t.ep_bytes, t.ep, t.tp, eff)
+    cp += cp_calls * latency_s(links, t.cp, t.tp)
+    ep = all_to_all_s(links, t.ep_bytes, t.ep, t.tp, eff) + ep_calls * latency_s(links, t.ep, t.tp)
     # Consecutive stages sit on different nodes when one stage fills a node or more.
     crosses = t.num_gpus > links.domain and t.pp_stride >= links.gpus_per_node
     p2p = p2p_s(links, t.pipeline_bytes, crosses, eff)
+    if t.pp > 1:
+        p2p += sends * (NETWORK_LATENCY_S if crosses else links.intra_node_latency_s)
     overhead = model.per_runtime("microbatch_overhead_s", t.runtime)
     slots = t.microbatches + (t.pp - 1) / t.vpp
     dp_step = collective_s(links, t.dp_allreduce_bytes, t.dp_group, t.dp_stride, eff)
@@ -701,6 +723,12 @@ def step_terms_of(arch: ModelArch, t: TrainingConfig, p: ParallelConfig) -> Step
         fp8_cast_bytes=casts,
         layers=layers * recompute,
         tp_bytes=tp_bytes if tp > 1 else 0.0,
+        collective_calls=(
+            layers * collectives if tp > 1 else 0.0,
+            layers * 2 * (p.cp - 1),  # ring attention: cp - 1 k/v exchanges forward and again backward
+            layers * 4 if arch.is_moe and p.ep > 1 else 0.0,  # dispatch and combine, forward and backward
+            2.0 * p.vpp,
+        ),
         tp_overlap=t.tp_comm_overlap,
         tp=tp,
         cp_bytes=cp_bytes,
