@@ -145,3 +145,21 @@ def test_small_collectives_are_not_free() -> None:
     assert l4.pcie and not l4.host_staged and latency_s(l4, 4, 1) == PCIE_LATENCY_S
     assert Links.for_gpu(lookup_gpu("RTX-4090"), gpus_per_node=4).host_staged
     assert latency_s(l4, 8, 1) == NETWORK_LATENCY_S and latency_s(l4, 1, 1) == 0.0
+
+
+def test_an_moe_layers_experts_are_one_gemm_shape_with_a_count() -> None:
+    """Alike experts are priced once with their count, so 4,096 experts cost no more to price than 8 (the API
+    fuzzer's 4,096-expert spec timed a plan search out when every expert was a GEMM of its own)."""
+    from frenzy_opt.core.spec import parse_job
+    from frenzy_opt.prediction.steptime import step_terms
+
+    def terms(experts: int) -> object:
+        model = {"num_layers": 2, "hidden_size": 256, "ffn_hidden_size": 512, "num_attention_heads": 4,
+                 "vocab_size": 1024, "num_experts": experts, "moe_top_k": 2, "moe_ffn_hidden_size": 128}  # fmt: skip
+        return step_terms(parse_job({"model": model, "training": {"seq_len": 256, "global_batch_size": 8}}))
+
+    few, many = terms(8), terms(4096)
+    assert len(few.linear_gemms) == len(many.linear_gemms) == 3 * 5  # type: ignore[attr-defined]
+    # Each expert's forward GEMM: tokens x top_k / experts rows, counted once per local expert and layer.
+    m, _, _, count = many.linear_gemms[6]  # type: ignore[attr-defined]
+    assert count == 2 * 4096 and m == pytest.approx(256 * 2 / 4096)

@@ -598,38 +598,37 @@ def _layer_linear_dims(arch: ModelArch, tp: int) -> tuple[float, float]:
     return attention_weights + mlp_weights, attention_widths + mlp_widths
 
 
-def _layer_linears(arch: ModelArch, tp: int, ep: int, tokens: float) -> list[tuple[float, float, float]]:
-    """(tokens through it, input width, output width) of each linear of one layer on one tp rank: the fused
-    q/k/v and the output projection, then the MLP (an MoE layer's local experts, each seeing ``tokens x
-    top_k x ep / experts`` tokens of the ep group, and the router)."""
+def _layer_linears(arch: ModelArch, tp: int, ep: int, tokens: float) -> list[tuple[float, float, float, float]]:
+    """(tokens through it, input width, output width, how many alike) of the linears of one layer on one tp
+    rank: the fused q/k/v and the output projection, then the MLP (an MoE layer's local experts, each seeing
+    ``tokens x top_k x ep / experts`` tokens of the ep group, and the router)."""
     h, d = arch.hidden_size, arch.kv_channels
     q = arch.num_attention_heads * d / tp
     kv = max(arch.num_kv_heads // tp, 1) * d
     up = 2 if arch.mlp == "swiglu" else 1
-    out = [(tokens, h, q + 2 * kv), (tokens, q, h)]
+    out = [(tokens, h, q + 2 * kv, 1.0), (tokens, q, h, 1.0)]
     if arch.is_moe:
         per_expert = tokens * arch.moe_top_k * ep / arch.num_experts
         ffn = arch.expert_ffn_size / tp
-        for _ in range(max(arch.num_experts // ep, 1)):
-            out += [(per_expert, h, up * ffn), (per_expert, ffn, h)]
-        out.append((tokens, h, arch.num_experts))
+        local = float(max(arch.num_experts // ep, 1))
+        out += [(per_expert, h, up * ffn, local), (per_expert, ffn, h, local), (tokens, h, arch.num_experts, 1.0)]
     else:
         ffn = arch.ffn_hidden_size / tp
-        out += [(tokens, h, up * ffn), (tokens, ffn, h)]
+        out += [(tokens, h, up * ffn, 1.0), (tokens, ffn, h, 1.0)]
     return out
 
 
 Gemm = tuple[float, float, float, float]
 
 
-def _gemms(linears: list[tuple[float, float, float]], layers: float, forwards: float) -> tuple[Gemm, ...]:
+def _gemms(linears: list[tuple[float, float, float, float]], layers: float, forwards: float) -> tuple[Gemm, ...]:
     """Each linear's GEMMs ``(m, n, k, count)``: the forward ``forwards`` times per layer (2 under full
     recompute), the input gradient and the weight gradient once (Narayanan et al. 2021, Sec. 3.5: forward,
-    then two backward GEMMs of the same size)."""
+    then two backward GEMMs of the same size), times the number of alike linears (an MoE layer's experts)."""
     out: list[Gemm] = []
-    for tokens, fan_in, fan_out in linears:
-        out += [(tokens, fan_out, fan_in, layers * forwards), (tokens, fan_in, fan_out, layers),
-                (fan_in, fan_out, tokens, layers)]  # fmt: skip
+    for tokens, fan_in, fan_out, alike in linears:
+        n = layers * alike
+        out += [(tokens, fan_out, fan_in, n * forwards), (tokens, fan_in, fan_out, n), (fan_in, fan_out, tokens, n)]
     return tuple(out)
 
 
@@ -698,7 +697,7 @@ def step_terms_of(arch: ModelArch, t: TrainingConfig, p: ParallelConfig) -> Step
     sharded = p.zero_stage >= 1 or t.runtime == "fsdp2"
     flops = step_flops(arch, t, p)
     linear_gemms = _gemms(_layer_linears(arch, tp, p.ep, tokens), layers, 2.0 if p.recompute == "full" else 1.0)
-    output_gemms = _gemms([(tokens, h, math.ceil(arch.vocab_size / tp))], 1.0, 1.0)
+    output_gemms = _gemms([(tokens, h, math.ceil(arch.vocab_size / tp), 1.0)], 1.0, 1.0)
     return StepTerms(
         model_flops=flops,
         linear_gemms=linear_gemms,
