@@ -583,25 +583,19 @@ def step_terms(job: JobSpec) -> StepTerms:
 
 def _layer_linear_dims(arch: ModelArch, tp: int) -> tuple[float, float]:
     """(linear weights per layer on one tp rank, the sum of the linears' input and output widths) for the
-    active path of one token: q/k/v and output projection, then the MLP (the routed experts of an MoE
-    layer, each token through ``moe_top_k`` of them, plus the router)."""
-    h, d = arch.hidden_size, arch.kv_channels
-    q = arch.num_attention_heads * d / tp
-    kv = max(arch.num_kv_heads // tp, 1) * d
-    attention_weights = h * (q + 2 * kv) + q * h
-    attention_widths = (h + q + 2 * kv) + (q + h)
-    ffn = (arch.expert_ffn_size if arch.is_moe else arch.ffn_hidden_size) / tp
-    up = 2 if arch.mlp == "swiglu" else 1
-    copies = arch.moe_top_k if arch.is_moe else 1
-    mlp_weights = copies * (up + 1) * h * ffn + (h * arch.num_experts if arch.is_moe else 0)
-    mlp_widths = copies * ((h + up * ffn) + (ffn + h))
-    return attention_weights + mlp_weights, attention_widths + mlp_widths
+    active path of one token: the linears of :func:`_layer_linears` weighted by the share of a token that
+    passes each (an MoE layer's routed experts ``moe_top_k`` times in all); the router counts among the
+    weights, not the widths."""
+    linears = _layer_linears(arch, tp, 1, 1.0)
+    weights = sum(share * alike * fan_in * fan_out for share, fan_in, fan_out, alike in linears + _router(arch, 1.0))
+    widths = sum(share * alike * (fan_in + fan_out) for share, fan_in, fan_out, alike in linears)
+    return weights, widths
 
 
 def _layer_linears(arch: ModelArch, tp: int, ep: int, tokens: float) -> list[tuple[float, float, float, float]]:
     """(tokens through it, input width, output width, how many alike) of the linears of one layer on one tp
     rank: the fused q/k/v and the output projection, then the MLP (an MoE layer's local experts, each seeing
-    ``tokens x top_k x ep / experts`` tokens of the ep group, and the router)."""
+    ``tokens x top_k x ep / experts`` tokens of the ep group; its router is :func:`_router`)."""
     h, d = arch.hidden_size, arch.kv_channels
     q = arch.num_attention_heads * d / tp
     kv = max(arch.num_kv_heads // tp, 1) * d
@@ -611,11 +605,16 @@ def _layer_linears(arch: ModelArch, tp: int, ep: int, tokens: float) -> list[tup
         per_expert = tokens * arch.moe_top_k * ep / arch.num_experts
         ffn = arch.expert_ffn_size / tp
         local = float(max(arch.num_experts // ep, 1))
-        out += [(per_expert, h, up * ffn, local), (per_expert, ffn, h, local), (tokens, h, arch.num_experts, 1.0)]
+        out += [(per_expert, h, up * ffn, local), (per_expert, ffn, h, local)]
     else:
         ffn = arch.ffn_hidden_size / tp
         out += [(tokens, h, up * ffn, 1.0), (tokens, ffn, h, 1.0)]
     return out
+
+
+def _router(arch: ModelArch, tokens: float) -> list[tuple[float, float, float, float]]:
+    """An MoE layer's router as a linear of :func:`_layer_linears`'s form (none for a dense layer)."""
+    return [(tokens, arch.hidden_size, arch.num_experts, 1.0)] if arch.is_moe else []
 
 
 Gemm = tuple[float, float, float, float]
@@ -696,7 +695,8 @@ def step_terms_of(arch: ModelArch, t: TrainingConfig, p: ParallelConfig) -> Step
         dp_step = grad * params
     sharded = p.zero_stage >= 1 or t.runtime == "fsdp2"
     flops = step_flops(arch, t, p)
-    linear_gemms = _gemms(_layer_linears(arch, tp, p.ep, tokens), layers, 2.0 if p.recompute == "full" else 1.0)
+    linears = _layer_linears(arch, tp, p.ep, tokens) + _router(arch, tokens)
+    linear_gemms = _gemms(linears, layers, 2.0 if p.recompute == "full" else 1.0)
     output_gemms = _gemms([(tokens, h, math.ceil(arch.vocab_size / tp), 1.0)], 1.0, 1.0)
     return StepTerms(
         model_flops=flops,
@@ -704,7 +704,7 @@ def step_terms_of(arch: ModelArch, t: TrainingConfig, p: ParallelConfig) -> Step
         output_gemms=output_gemms,
         head_dim=arch.kv_channels,
         seq_len=seq,
-        operand_bytes=1.0 if t.precision == "fp8" else float(act if t.precision != "fp32" else 4),
+        operand_bytes=1.0 if t.precision == "fp8" else float(act),
         flops_per_gpu=flops / p.num_gpus,
         precision=t.precision,
         runtime=t.runtime,

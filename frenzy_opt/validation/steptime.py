@@ -566,38 +566,26 @@ def score(runs: Sequence[StepRun], model: StepTimeModel) -> list[Scored]:
 
 
 def parameters_for(runs: Sequence[StepRun], *, keys: str = "architecture") -> list[Parameter]:
-    """The parameters the runs can inform: an efficiency per GPU architecture (or per GPU type with
-    ``keys="gpu"``) among them, the fp8 ratio if any run is fp8, the per-micro-batch overhead of each
-    runtime with a pipelined or accumulating run, and the elementwise passes and per-layer cost."""
+    """The parameters the runs can inform. ``keys="architecture"`` (the published runs): each runtime's share
+    of the measured kernel rates (no efficiency per GPU: GPU types differ by their measured throughput
+    tables, data/kernel-throughput.yaml), the fp8 ratio if any run is fp8, the per-micro-batch overhead of
+    each runtime, and from 8 runs on the elementwise passes and per-layer cost. ``keys="gpu"`` (a user's few
+    runs): one efficiency per GPU type and format they ran on."""
     rows = usable(runs)
-    out: list[Parameter] = []
-    seen: set[str] = set()
-    if keys == "gpu":  # a user's few runs: one efficiency per GPU type (and format) they ran on
-        for r in rows:
-            assert r.gpu is not None and r.job is not None
-            key = f"{r.gpu.name}@{r.job.training.precision}"
-            if key not in seen:
-                seen.add(key)
-                out.append(efficiency_parameter(key))
-        return out
+    if keys == "gpu":
+        seen = dict.fromkeys(f"{r.gpu.name}@{r.job.training.precision}" for r in rows if r.gpu and r.job)
+        return [efficiency_parameter(key) for key in seen]
+    if keys != "architecture":
+        raise ValueError(f"keys must be 'architecture' or 'gpu', got {keys!r}")
     runtimes = sorted({r.job.training.runtime for r in rows if r.job is not None})
-    if keys == "architecture":
-        # No efficiency per GPU: the differences between GPU types are the measured throughput tables'
-        # (data/kernel-throughput.yaml); what the runs fit is each runtime's share of those rates.
-        out.extend(
-            per_runtime_parameter("gemm_efficiency", rt, 0.2, MAX_GEMM_EFFICIENCY, start=DEFAULT_EFFICIENCY)
-            for rt in runtimes
-        )
-    for r in rows if keys != "architecture" else ():
-        assert r.gpu is not None
-        key = r.gpu.name
-        if key not in seen:
-            seen.add(key)
-            out.append(efficiency_parameter(key))
+    out = [
+        per_runtime_parameter("gemm_efficiency", rt, 0.2, MAX_GEMM_EFFICIENCY, start=DEFAULT_EFFICIENCY)
+        for rt in runtimes
+    ]
     if any(r.job is not None and r.job.training.precision == "fp8" for r in rows):
         out.append(scalar_parameter("fp8_efficiency", 0.2, MAX_GEMM_EFFICIENCY))
     out.extend(per_runtime_parameter("microbatch_overhead_s", rt, 1e-5, 1.0, start=1e-3) for rt in runtimes)
-    if keys == "architecture" and len(rows) >= 8:
+    if len(rows) >= 8:
         out.extend(per_runtime_parameter("elementwise_passes", rt, *ELEMENTWISE_PASSES_RANGE) for rt in runtimes)
         out.extend(per_runtime_parameter("layer_overhead_s", rt, *LAYER_OVERHEAD_RANGE) for rt in runtimes)
     return out
