@@ -169,11 +169,6 @@ def mib(x: float) -> str:
     return f"{x / MIB:,.1f}"
 
 
-TRACE_SIDE: dict[str, tuple[str, str]] = {}
-"""Per runtime, the rows whose gap the findings put on the trace path's side (a job-name fragment, why): the
-report also gives the figures without them."""
-
-
 def summary(rows: list[dict[str, Any]]) -> str:
     gaps = [r["gap"] for r in rows]
     worst = max(rows, key=lambda r: abs(r["gap"]))
@@ -208,20 +203,12 @@ def write(rows: list[dict[str, Any]], failures: list[tuple[str, str]], out: Path
         rr = [r for r in rows if r["job"].startswith(runtime)]
         if not rr:
             continue
-        fragment, why = TRACE_SIDE.get(runtime, ("", ""))
-        rest = [r for r in rr if not fragment or fragment not in r["job"]]
         lines += [
             f"## {runtime}: {len({r['job'] for r in rr})} configurations, {len(rr)} stages",
             "",
             summary(rr),
             "",
         ]
-        if rest and len(rest) < len(rr):
-            lines += [
-                f"Without the {len(rr) - len(rest)} stages of {why}: {len({r['job'] for r in rest})} configurations, "
-                f"{len(rest)} stages, {summary(rest)}.",
-                "",
-            ]
         lines += [
             "| config | stage | trace MiB | MARP MiB | gap | trace phase | MARP phase | trace states MiB | "
             "MARP states MiB | trace rest: fwd / bwd / other MiB | MARP rest: act / logits / comm / temp MiB | "

@@ -518,9 +518,9 @@ def pipelined_fsdp2_phases(
       and no shard, and the chunked output group its gathered weight (re-gathered by the stage's
       backward, resharded at its own, last, reduce)."""
     chunked = last and acts.loss_chunk > 0
-    output = params.output_params if chunked else 0
+    output = params.output_params if chunked else 0  # reduced by ChunkedLossWrapper, and its shard pinned
     unreduced = params.params - output
-    pinned = output if chunked else 0
+    pinned = output
     adjusted = [
         replace(p, reduced_params=p.reduced_params - (unreduced if p.holds_activations else 0) + pinned) for p in phases
     ]
