@@ -26,10 +26,6 @@ from frenzy_opt.hardware.gpus import GpuType
 from frenzy_opt.hardware.topology import Links
 from frenzy_opt.prediction.steptime import DEFAULT_EFFICIENCY, MAX_RELATIVE_EFFICIENCY, StepTerms, StepTimeModel
 
-# The efficiency is a fraction of the kernel model's rates, which are measured maxima of a shape search
-# (data/kernel-throughput.yaml); its bound is the step-time model's.
-MAX_GEMM_EFFICIENCY = MAX_RELATIVE_EFFICIENCY
-
 
 @dataclass(frozen=True, slots=True)
 class FitPoint:
@@ -53,7 +49,7 @@ class Parameter:
 
 
 def efficiency_parameter(
-    key: str, *, start: float | None = None, lo: float = 0.02, hi: float = MAX_GEMM_EFFICIENCY
+    key: str, *, start: float | None = None, lo: float = 0.02, hi: float = MAX_RELATIVE_EFFICIENCY
 ) -> Parameter:
     """The matmul efficiency stored under ``key`` (an architecture, a GPU type, or ``f"{gpu}@{precision}"``:
     the keys :meth:`StepTimeModel.efficiency_of` reads, or ``"*"``); an absent entry starts from ``start``,

@@ -451,7 +451,7 @@ def _pipeline_step(
 
 
 def _fsdp_module(model: Any) -> Any:
-    """The stage module as an ``FSDPModule`` (torchtitan shards it when dp > 1), else None."""
+    """The stage module as an ``FSDPModule`` (``parallelize_llama`` shards it, dp = 1 included), else None."""
     from torch.distributed.fsdp import FSDPModule
 
     return model if isinstance(model, FSDPModule) else None

@@ -44,7 +44,6 @@ from frenzy_opt.core.spec import ZERO_STAGES_BY_RUNTIME, JobSpec, ParallelConfig
 from frenzy_opt.hardware.gpus import GpuType, lookup_gpu
 from frenzy_opt.models.arch import ModelArch
 from frenzy_opt.prediction.fitting import (
-    MAX_GEMM_EFFICIENCY,
     FitPoint,
     Parameter,
     efficiency_parameter,
@@ -55,6 +54,7 @@ from frenzy_opt.prediction.fitting import (
 from frenzy_opt.prediction.steptime import (
     DEFAULT_EFFICIENCY,
     FIT_PATH,
+    MAX_RELATIVE_EFFICIENCY,
     MIN_BAND_RUNS,
     Links,
     StepTerms,
@@ -129,9 +129,9 @@ class StepRun:
 
 
 # Physical ranges of the parameters other than the efficiencies (those are bounded by
-# frenzy_opt.prediction.fitting.MAX_GEMM_EFFICIENCY): a layer forward reads and writes its activations some 4 times
-# when fully fused and about 60 when every op is its own kernel (eager PyTorch: each norm, add, dropout,
-# activation and cast reads and writes its input); a layer runs 20-80 kernels forward and backward at 5-25 us
+# frenzy_opt.prediction.steptime.MAX_RELATIVE_EFFICIENCY): a layer forward reads and writes its activations
+# some 4 times when fully fused and about 60 when every op is its own kernel (eager PyTorch: each norm, add,
+# dropout, activation and cast reads and writes its input); a layer runs 20-80 kernels forward and backward at 5-25 us
 # of launch and framework cost each (CUDA C++ Best Practices Guide, "Kernel launch overhead").
 ELEMENTWISE_PASSES_RANGE = (4.0, 60.0)
 LAYER_OVERHEAD_RANGE = (1e-5, 2e-3)
@@ -579,11 +579,11 @@ def parameters_for(runs: Sequence[StepRun], *, keys: str = "architecture") -> li
         raise ValueError(f"keys must be 'architecture' or 'gpu', got {keys!r}")
     runtimes = sorted({r.job.training.runtime for r in rows if r.job is not None})
     out = [
-        per_runtime_parameter("gemm_efficiency", rt, 0.2, MAX_GEMM_EFFICIENCY, start=DEFAULT_EFFICIENCY)
+        per_runtime_parameter("gemm_efficiency", rt, 0.2, MAX_RELATIVE_EFFICIENCY, start=DEFAULT_EFFICIENCY)
         for rt in runtimes
     ]
     if any(r.job is not None and r.job.training.precision == "fp8" for r in rows):
-        out.append(scalar_parameter("fp8_efficiency", 0.2, MAX_GEMM_EFFICIENCY))
+        out.append(scalar_parameter("fp8_efficiency", 0.2, MAX_RELATIVE_EFFICIENCY))
     out.extend(per_runtime_parameter("microbatch_overhead_s", rt, 1e-5, 1.0, start=1e-3) for rt in runtimes)
     if len(rows) >= 8:
         out.extend(per_runtime_parameter("elementwise_passes", rt, *ELEMENTWISE_PASSES_RANGE) for rt in runtimes)
