@@ -45,16 +45,24 @@ test: lint typecheck pytest
 
 test-all: test pytest-slow
 
-# MARP against published measured runs (leave one source out) when ../shared/calibration is present, and the
-# FakeTensorMode harness of the reference decoder (self-consistency only, about 5 minutes).
+# MARP and the step-time model against published measured runs (leave one source out) when ../shared is
+# present (the kernel model against Sailor's measured layer times, and the step-time model priced from those
+# layer profiles), and the FakeTensorMode harness of the reference decoder (self-consistency only, about 5 minutes).
 CALIBRATION := ../shared/calibration/memory-measured.csv
 STEPTIME_CALIBRATION := ../shared/calibration/steptime-measured.csv
+SAILOR_PROFILES := ../shared/traces/sailor-llm-profiles
 validate: install
 	@if [ -f $(CALIBRATION) ]; then $(BIN)/frenzy validate memory $(CALIBRATION) --out docs/marp-validation.md; \
 	else echo "make validate: $(CALIBRATION) not found; skipping the measured-runs report"; fi
 	@if [ -f $(STEPTIME_CALIBRATION) ]; then \
 	$(BIN)/frenzy validate steptime $(STEPTIME_CALIBRATION) --out docs/steptime-validation.md; \
 	else echo "make validate: $(STEPTIME_CALIBRATION) not found; skipping the step-time report"; fi
+	@if [ -d $(SAILOR_PROFILES) ] && [ -f $(STEPTIME_CALIBRATION) ]; then \
+	$(BIN)/frenzy validate layers $(SAILOR_PROFILES) --out docs/layer-profiles-validation.md; \
+	d=$$(mktemp -d); FRENZY_CALIBRATIONS=$$d $(BIN)/frenzy profile --from-sailor $(SAILOR_PROFILES) --name sailor --json >/dev/null \
+	&& FRENZY_CALIBRATIONS=$$d $(BIN)/frenzy validate steptime $(STEPTIME_CALIBRATION) --calibration sailor \
+	--out docs/steptime-validation-profiled.md; rm -rf $$d; \
+	else echo "make validate: $(SAILOR_PROFILES) not found; skipping the layer-profile reports"; fi
 	$(BIN)/python -m frenzy_opt.validation.report --out docs/marp-harness.md
 
 # Refit the shipped parameters (frenzy_opt/data/memory-fit.json, frenzy_opt/data/steptime-fit.json).

@@ -12,6 +12,7 @@ import json
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -395,7 +396,8 @@ def _validate_steptime(args: argparse.Namespace) -> int:
     payload = result.to_dict()
     payload["refused"] = {k: v for k, v in refusals.items() if v}
     if args.out:
-        command = f"frenzy validate steptime {args.file} --out {args.out}"
+        with_profile = f" --calibration {args.calibration}" if args.calibration else ""
+        command = f"frenzy validate steptime {args.file}{with_profile} --out {args.out}"
         Path(args.out).write_text(render_markdown(result, command, refusals), encoding="utf-8")
 
     def render(console: Console) -> None:
@@ -429,11 +431,41 @@ def _validate_steptime(args: argparse.Namespace) -> int:
     return 0
 
 
+def _validate_layers(args: argparse.Namespace) -> int:
+    from frenzy_opt.prediction.calibrations import resolve_model
+    from frenzy_opt.validation import layers
+
+    profiles, notes = layers.load_profiles(args.file)
+    rows = layers.compare(profiles, resolve_model(args.calibration))
+    summary = layers.summary(rows)
+    payload = {"summary": summary, "points": [r.to_dict() for r in rows], "skipped": notes}
+    if args.out:
+        command = f"frenzy validate layers {args.file} --out {args.out}"
+        Path(args.out).write_text(layers.render_markdown(rows, notes, command), encoding="utf-8")
+
+    def render(console: Console) -> None:
+        table = Table(title="Layer forward + backward, predicted against measured: mean |error| (median error)")
+        for col in ("GPU type", "points", "shipped fit", "kernels alone"):
+            table.add_column(col, justify="left" if col == "GPU type" else "right")
+        for name, v in [("all", summary["overall"]), *summary["by_gpu"].items()]:
+            if v:
+                table.add_row(name, str(v["points"]), *(
+                    f"{100 * v[k]['mean_abs_error']:.1f} % ({100 * v[k]['median_error']:+.0f} %)"
+                    for k in ("fitted", "kernels")
+                ))  # fmt: skip
+        console.print(table)
+
+    _emit(args, payload, render)
+    return 0
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     from frenzy_opt.validation.measured import render_markdown, validate
 
     if args.what == "steptime":
         return _validate_steptime(args)
+    if args.what == "layers":
+        return _validate_layers(args)
     result = validate(args.file)
     payload = result.to_dict()
     if args.out:
@@ -488,17 +520,20 @@ def _calibrate_steptime(args: argparse.Namespace) -> int:
         written = str(out)
     else:
         name = check_name(args.name)
+        store = CalibrationStore(args.out) if args.out else CalibrationStore()
+        # Measured layer profiles already in the profile stay with the refitted parameters.
+        kept = store.load(name).layer_profiles if store.path(name).exists() else ()
         runs = usable(read_any(files))
         if not runs:
             raise ValueError(f"calibrate: no usable measured run in {', '.join(files)}")
         before = score(runs, shipped)
-        fitted = fit(runs, shipped, keys="gpu")
+        base = replace(shipped, layer_profiles=kept)
+        fitted = fit(runs, base, keys="gpu")
         error_after = summarise(score(runs, fitted)).to_dict()
         error_after["method"] = "in sample"
         if len({r.source for r in runs}) > 1:
             held = cross_validate(runs, by="source", base=shipped)
             error_after["leave_one_source_out"] = summarise(held).to_dict()
-        store = CalibrationStore(args.out) if args.out else CalibrationStore()
         written = str(
             store.save(
                 name,
@@ -568,6 +603,74 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
     _emit(args, payload, render)
     return 0
+
+
+# --- profile -------------------------------------------------------------------------------------------
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    """Measure a job's layers on this machine's GPU, or import Sailor's profiles, into a calibration profile."""
+    from frenzy_opt.prediction.calibrations import CalibrationStore, add_profiles, check_name
+
+    name = check_name(args.name)
+    store = CalibrationStore(args.dir) if args.dir else CalibrationStore()
+    notes: list[str] = []
+    if args.from_sailor:
+        if args.job:
+            raise ValueError("profile: give a job to measure or --from-sailor DIR, not both")
+        from frenzy_opt.prediction.sailor import import_profiles
+
+        profiles, notes = import_profiles(args.from_sailor)
+        source = f"sailor:{args.from_sailor}"
+    else:
+        if not args.job:
+            raise ValueError("profile: give a job spec to measure (or --from-sailor DIR to import Sailor's profiles)")
+        from frenzy_opt.prediction import profiler
+
+        job = load_job(args.job)
+        refusal = profiler.cuda_refusal()
+        if refusal:
+            raise ValueError(refusal)
+        import torch
+
+        gpu = resolve_gpu(args.gpu or torch.cuda.get_device_name(0))
+        micro = _int_list(args.micro_batches, "--micro-batches") or profiler.micro_batch_sizes(job)
+        tps = _int_list(args.tp, "--tp") or profiler.tp_degrees(job)
+        source = f"frenzy profile on {torch.cuda.get_device_name(0)} (torch {torch.__version__})"
+        profile, notes = profiler.measure(
+            job, gpu=gpu.name, micro_batches=micro, tps=tps, warmup=args.warmup, iters=args.iters, source=source,
+            log=None if args.json else print,
+        )  # fmt: skip
+        profiles = [profile]
+    path = add_profiles(store, name, profiles, source)
+    payload = {
+        "name": name,
+        "written_to": str(path),
+        "profiles": [p.to_dict() for p in profiles],
+        "skipped": notes,
+    }
+
+    def render(console: Console) -> None:
+        for p in profiles:
+            console.print(f"{p.gpu} {p.runtime} {p.model}: {len(p.points)} points")
+        for note in notes:
+            console.print(f"[yellow]skipped: {note}")
+        console.print(f"wrote {path}; plan with it: frenzy plan JOB --cluster C --calibration {name}")
+
+    _emit(args, payload, render)
+    return 0
+
+
+def _int_list(text: str | None, flag: str) -> list[int]:
+    if not text:
+        return []
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise ValueError(f"{flag}: comma-separated positive integers, got {text!r}") from None
+    if any(v < 1 for v in values):
+        raise ValueError(f"{flag}: comma-separated positive integers, got {text!r}")
+    return values
 
 
 # --- run (the main job on a scenario) ------------------------------------------------------------------
@@ -1199,8 +1302,12 @@ def build_parser() -> argparse.ArgumentParser:
         "score MARP or the step-time model on measured runs (calibration-format CSV), cross-validated",
         cmd_validate,
     )
-    p.add_argument("what", choices=("memory", "steptime"))
-    p.add_argument("file", help="CSV in the format of ../shared/calibration/{memory,steptime}-measured.csv")
+    p.add_argument("what", choices=("memory", "steptime", "layers"))
+    p.add_argument(
+        "file",
+        help="CSV in the format of ../shared/calibration/{memory,steptime}-measured.csv; layers: Sailor's profile "
+        "folder or a calibration profile's JSON file",
+    )
     p.add_argument(
         "--out", help="also write the Markdown report (docs/marp-validation.md, docs/steptime-validation.md)"
     )
@@ -1219,6 +1326,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--out", help="memory/steptime: where to write the fit; a profile: the profile directory instead of the default"
     )
+    p = add("profile", "measure a job's layers on this machine's CUDA GPU into a calibration profile", cmd_profile)
+    p.add_argument("job", nargs="?", help="job spec file or shipped job name (the shapes to measure)")
+    p.add_argument("--name", required=True, help="calibration profile to add the measurements to")
+    p.add_argument("--gpu", help="the GPU's catalogue type (default: from the CUDA device name)")
+    p.add_argument("--micro-batches", help="comma-separated micro-batch sizes (default: the planner's choices)")
+    p.add_argument("--tp", help="comma-separated tensor-parallel degrees (default: 1, 2, 4, 8 where they divide)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed repetitions first (default 3)")
+    p.add_argument("--iters", type=int, default=10, help="timed repetitions, the median kept (default 10)")
+    p.add_argument("--from-sailor", metavar="DIR", help="import Sailor's per-layer profiles (its artefact's folder)")
+    p.add_argument("--dir", help="the calibration profile directory (default $FRENZY_CALIBRATIONS or ~/.frenzy)")
     p = add("solve", "schedule a scenario's jobs with the greedy HAS, CP-SAT, or both", cmd_solve)
     p.add_argument("scenario", help="scenario file or shipped name")
     p.add_argument("--calibration", help="step-time calibration profile (frenzy calibrate FILE --name NAME)")

@@ -8,6 +8,9 @@ with ``--calibration NAME`` writes what its closed loop learns from finished run
 Profiles live in one directory: ``$FRENZY_CALIBRATIONS`` when set, else ``~/.frenzy/calibrations``. A profile
 is written to a temporary file and renamed into place (``os.replace`` is atomic on POSIX), so a reader never
 sees half a file and a failed write leaves the old profile as it was.
+
+A profile also holds measured layer times (``frenzy profile``, :func:`add_profiles`;
+:mod:`frenzy_opt.prediction.profiles`), which the step-time model prices matching jobs from.
 """
 
 from __future__ import annotations
@@ -17,9 +20,12 @@ import os
 import re
 import tempfile
 import time
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from frenzy_opt.prediction.profiles import LayerProfile, merge
 from frenzy_opt.prediction.steptime import StepTimeModel, shipped_model
 
 ENV_DIR = "FRENZY_CALIBRATIONS"
@@ -102,6 +108,25 @@ class CalibrationStore:
         history.update(report)
         meta = {k: v for k, v in doc.items() if k not in ("name", "updated_unix_s", "parameters", "closed_loop")}
         return self.save(name, model, **meta, closed_loop=history)
+
+
+def add_profiles(store: CalibrationStore, name: str, profiles: Sequence[LayerProfile], source: str) -> Path:
+    """Add measured layer ``profiles`` to calibration profile ``name`` (created from the shipped parameters when
+    it does not exist); a point measured again replaces the old one."""
+    try:
+        doc = store.read(name)
+        model = StepTimeModel.from_dict(doc["parameters"])
+    except ValueError:
+        if store.path(name).exists():
+            raise  # a damaged profile is reported, not overwritten
+        doc, model = {"source": source}, shipped_model()
+    merged = replace(model, layer_profiles=merge(model.layer_profiles, tuple(profiles)))
+    meta = {k: v for k, v in doc.items() if k not in ("name", "updated_unix_s", "parameters")}
+    sources = list(meta.get("profile_sources") or [])
+    if source not in sources:
+        sources.append(source)
+    meta["profile_sources"] = sources
+    return store.save(name, merged, **meta)
 
 
 def resolve_model(name: str | None, store: CalibrationStore | None = None) -> StepTimeModel:

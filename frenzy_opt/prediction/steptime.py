@@ -87,6 +87,7 @@ from frenzy_opt.hardware.topology import NETWORK_LATENCY_S, Links
 from frenzy_opt.models.arch import ModelArch
 from frenzy_opt.prediction import kernels
 from frenzy_opt.prediction.marp.layout import DTYPE_BYTES
+from frenzy_opt.prediction.profiles import LayerProfile, LayerShape, ProfileIndex, ProfilePoint
 
 __all__ = ["Links", "StepTerms", "StepTime", "StepTimeModel", "collective_s", "step_terms_of", "step_time"]
 
@@ -294,6 +295,14 @@ class StepTimeModel:
     prediction band (:meth:`band`) and the simulator's noisy truth draw from them."""
     residuals_by_architecture: dict[str, tuple[float, ...]] = field(default_factory=dict)
     """The same residuals split by the runs' GPU architecture (a T4's errors say little about an H100's)."""
+    layer_profiles: tuple[LayerProfile, ...] = ()
+    """Measured layer times (``frenzy profile``; :mod:`frenzy_opt.prediction.profiles`): a job whose GPU type,
+    runtime and layer shape match one is priced from it instead of the kernel model."""
+    profiles: ProfileIndex = field(init=False, repr=False, compare=False)
+    """``layer_profiles`` indexed for lookup."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "profiles", ProfileIndex(self.layer_profiles))
 
     def efficiency_of(self, gpu: GpuType, precision: str | None = None) -> float:
         """The most specific fitted efficiency (GPU and format, GPU, architecture), else the default."""
@@ -340,7 +349,8 @@ class StepTimeModel:
         return seconds * math.exp(_quantile(ordered, 0.1)), seconds * math.exp(_quantile(ordered, 0.9))
 
     def to_dict(self) -> dict[str, Any]:
-        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.init}
+        out["layer_profiles"] = [p.to_dict() for p in self.layer_profiles]
         out["residuals"] = [round(r, 6) for r in self.residuals]
         out["residuals_by_architecture"] = {
             k: [round(r, 6) for r in v] for k, v in sorted(self.residuals_by_architecture.items())
@@ -349,7 +359,7 @@ class StepTimeModel:
 
     @staticmethod
     def from_dict(data: dict[str, Any]) -> StepTimeModel:
-        known = {f.name for f in fields(StepTimeModel)}
+        known = {f.name for f in fields(StepTimeModel) if f.init}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"step-time parameters: unknown field(s) {', '.join(unknown)}; allowed: {sorted(known)}")
@@ -360,6 +370,8 @@ class StepTimeModel:
             values["residuals_by_architecture"] = {
                 str(k): tuple(float(r) for r in v) for k, v in values["residuals_by_architecture"].items()
             }
+        if "layer_profiles" in values:
+            values["layer_profiles"] = tuple(LayerProfile.from_dict(p) for p in values["layer_profiles"] or ())
         return StepTimeModel(**values)
 
 
@@ -497,6 +509,14 @@ class StepTerms:
     num_gpus: int
     pp_stride: int
     """GPUs between consecutive pipeline stages in the rank order (tp x cp x dp)."""
+    shape: LayerShape | None = None
+    """The layer's shape, to find a measured layer profile (:mod:`frenzy_opt.prediction.profiles`)."""
+    micro_batch_size: int = 1
+    stage_layers: float = 0.0
+    """Layers of the bottleneck stage (without recompute's extra forward)."""
+    recompute_full: bool = False
+    optimizer_share: float = 1.0
+    """The share of a stage's optimizer step one rank runs (1 over the sharding group under ZeRO/FSDP)."""
 
     @property
     def bubble_fraction(self) -> float:
@@ -535,6 +555,17 @@ def evaluate_terms(t: StepTerms, gpu: GpuType, links: Links, model: StepTimeMode
     layers += t.layers * model.per_runtime("layer_overhead_s", t.runtime)
     output = kernels.gemms_s(t.output_gemms, gpu, sixteen_tflops, rates.hbm_gbyte_s, out_bytes, out_bytes)
     output += t.output_bytes / hbm
+    optimizer = t.optimizer_bytes / hbm
+    tp_in_layers = False
+    point = profiled_point(t, gpu, model)
+    if point is not None:  # measured layer times replace the kernel model's (module profiles' docstring)
+        layers = t.stage_layers * point.layer_s(t.recompute_full)
+        output = point.output_fwd_s + point.output_bwd_s
+        if t.pp == 1:
+            output += point.embedding_fwd_s + point.embedding_bwd_s
+        if point.update_s > 0:
+            optimizer = t.stage_layers * point.update_s * t.optimizer_share
+        tp_in_layers = t.shape is not None and model.profiles.includes_tp_comm(gpu.name, t.runtime, t.shape)
     if t.balanced:  # stages balanced by cost: the output layer's time spread over the stages
         per_microbatch = (layers * t.pp + output) / t.pp
     else:  # equal layers per stage, the output layer on the last one
@@ -542,7 +573,9 @@ def evaluate_terms(t: StepTerms, gpu: GpuType, links: Links, model: StepTimeMode
     eff = model.link_efficiency
     tp_calls, cp_calls, ep_calls, sends = t.collective_calls
     tp = collective_s(links, t.tp_bytes, t.tp, 1, eff) + tp_calls * latency_s(links, t.tp, 1)
-    if t.tp_overlap:  # hidden behind the GEMMs it is pipelined with (Wang et al. 2023, "Overlap communication
+    if tp_in_layers:  # measured inside the profiled layer times
+        tp = 0.0
+    elif t.tp_overlap:  # hidden behind the GEMMs it is pipelined with (Wang et al. 2023, "Overlap communication
         # with dependent computation via decomposition"; Megatron's userbuffers and torchtitan's async TP)
         tp = max(0.0, tp - gemms)
     cp = max(0.0, collective_s(links, t.cp_bytes, t.cp, t.tp, eff) / 2 - (attention if flash else 0))
@@ -570,10 +603,17 @@ def evaluate_terms(t: StepTerms, gpu: GpuType, links: Links, model: StepTimeMode
         intra_node_comm_s=slots * (tp + cp + ep),
         pipeline_p2p_s=slots * p2p if t.pp > 1 else 0.0,
         data_parallel_exposed_s=exposed,
-        optimizer_s=t.optimizer_bytes / hbm,
+        optimizer_s=optimizer,
         model_flops=t.model_flops,
         overhead_s=slots * overhead * (t.vpp if t.pp > 1 else 1),
     )
+
+
+def profiled_point(t: StepTerms, gpu: GpuType, model: StepTimeModel) -> ProfilePoint | None:
+    """The measured layer times of ``t``'s shape on ``gpu`` at its tp and micro-batch, if profiled."""
+    if not model.profiles or t.shape is None:
+        return None
+    return model.profiles.point(gpu.name, t.runtime, t.shape, t.tp, t.micro_batch_size)
 
 
 def step_terms(job: JobSpec) -> StepTerms:
@@ -742,6 +782,12 @@ def step_terms_of(arch: ModelArch, t: TrainingConfig, p: ParallelConfig) -> Step
         optimizer_bytes=params / (p.dp * p.cp if sharded else 1) * OPTIMIZER_BYTES_PER_PARAM,
         num_gpus=p.num_gpus,
         pp_stride=tp * p.cp * p.dp,
+        # A profile is measured without context parallelism or experts spread over ranks.
+        shape=LayerShape.of(arch, seq, t.precision, p.attention) if p.cp == 1 and p.ep == 1 else None,
+        micro_batch_size=t.micro_batch_size,
+        stage_layers=layers,
+        recompute_full=p.recompute == "full",
+        optimizer_share=1 / (p.dp * p.cp) if sharded else 1.0,
     )
 
 

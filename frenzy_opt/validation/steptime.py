@@ -60,6 +60,7 @@ from frenzy_opt.prediction.steptime import (
     StepTerms,
     StepTimeModel,
     peak_tflops,
+    profiled_point,
     shipped_model,
     step_flops,
     step_terms,
@@ -92,14 +93,15 @@ GPU_WORDS = (
     ("T4", "T4"),
     ("RTX-3090", "RTX-3090"),
     ("Titan-RTX", "TITAN-RTX"),
-    ("RTX-2080", "RTX-2080"),
+    # The calibration file's "RTX-2080" rows are Sailor's, whose RTX-2080 is an RTX 2080 Ti (11 GB in Sailor's
+    # GPU-memory table; gpus.yaml's note on RTX-2080).
+    ("RTX-2080", "RTX-2080Ti"),
 )
 # Catalogue fall-backs for GPU types the catalogue may lack: the part whose compute and memory they share.
 GPU_FALLBACK = {
     "H100-SXM5-96GB": "H100-SXM5-80GB",
     "V100-SXM3-32GB": "V100-SXM2-32GB",
     "TITAN-RTX": "RTX-2080Ti",
-    "RTX-2080": "RTX-2080Ti",
 }
 
 # Reference node designs for networks a source names without numbers: eight single-port compute NICs per
@@ -126,6 +128,13 @@ class StepRun:
     skip_reason: str | None = None
     assumptions: tuple[str, ...] = ()
     heterogeneous: bool = False
+    others: tuple[tuple[GpuType, Links], ...] = ()
+    """A heterogeneous run's other GPU types and their links: it is priced on every one of its types, and
+    its step is the slowest type's (its stages and replicas wait for each other)."""
+
+    def placements(self) -> list[tuple[GpuType, Links]]:
+        assert self.gpu is not None and self.links is not None
+        return [(self.gpu, self.links), *self.others]
 
 
 # Physical ranges of the parameters other than the efficiencies (those are bounded by
@@ -430,6 +439,11 @@ def parse_row(row: dict[str, str]) -> StepRun:
     per_node = num("gpus_per_node", 8)
     intra = "pcie" if "pcie" in row["interconnect"].lower() else gpu.intra_node
     links, link_notes = links_of(row["interconnect"], gpu, per_node, intra)
+    others = []
+    for other in gpus:
+        if other.name != gpu.name:
+            other_intra = "pcie" if "pcie" in row["interconnect"].lower() else other.intra_node
+            others.append((other, links_of(row["interconnect"], other, per_node, other_intra)[0]))
     measured = _measured_s(row, job, notes)
     return StepRun(
         **base,
@@ -440,6 +454,7 @@ def parse_row(row: dict[str, str]) -> StepRun:
         skip_reason=None if measured else "no measured iteration time or TFLOP/s",
         assumptions=tuple(notes + link_notes),
         heterogeneous=heterogeneous,
+        others=tuple(others),
     )
 
 
@@ -501,8 +516,8 @@ def usable(runs: Iterable[StepRun]) -> list[StepRun]:
 
 
 def fittable(runs: Iterable[StepRun]) -> list[StepRun]:
-    """The runs a fit learns from: the usable homogeneous ones (a heterogeneous run is priced on its
-    slowest GPU type, an estimate, and only scored)."""
+    """The runs a fit learns from: the usable homogeneous ones (a heterogeneous run is priced on each of its
+    GPU types and takes the slowest, an estimate, and is only scored)."""
     return [r for r in usable(runs) if not r.heterogeneous]
 
 
@@ -547,16 +562,21 @@ def _prepare(runs: Sequence[StepRun]) -> list[_Prepared]:
 
 
 def predict_s(run: StepRun, model: StepTimeModel) -> float:
-    assert run.job is not None and run.gpu is not None and run.links is not None
-    return step_terms(run.job).evaluate(run.gpu, run.links, model).total_s
+    assert run.job is not None
+    return _slowest_s(step_terms(run.job), run, model)
+
+
+def _slowest_s(terms: StepTerms, run: StepRun, model: StepTimeModel) -> float:
+    """The run's step on the slowest of its GPU types (:attr:`StepRun.others`)."""
+    return max(terms.evaluate(gpu, links, model).total_s for gpu, links in run.placements())
 
 
 def score(runs: Sequence[StepRun], model: StepTimeModel) -> list[Scored]:
     out = []
     for p in _prepare(runs):
         r = p.run
-        assert r.gpu is not None and r.links is not None and r.measured_s
-        seconds = p.terms.evaluate(r.gpu, r.links, model).total_s
+        assert r.measured_s
+        seconds = _slowest_s(p.terms, r, model)
         out.append(
             Scored(
                 row_id=r.row_id, source=r.source, gpu_class=r.gpu_class, measured_s=r.measured_s, predicted_s=seconds
@@ -698,6 +718,23 @@ class Validation:
     by_source_cv: list[Scored]
     by_gpu_cv: list[Scored]
     gpu_of: dict[str, str] = field(default_factory=dict)
+    profiled: frozenset[str] = frozenset()
+    """Rows priced from a measured layer profile (:mod:`frenzy_opt.prediction.profiles`) on any of their GPU
+    types: reported apart from the rest."""
+
+    def profile_split(self) -> dict[str, Any]:
+        """In sample, LOSO and LOGO summaries of the profile-guided rows and of the others."""
+        out: dict[str, Any] = {"rows": sorted(self.profiled)}
+        for label, scores in (
+            ("in_sample", self.in_sample),
+            ("leave_one_source_out", self.by_source_cv),
+            ("leave_one_gpu_type_out", self.by_gpu_cv),
+        ):
+            out[label] = {
+                "profile_guided": summarise([s for s in scores if s.row_id in self.profiled]).to_dict(),
+                "unprofiled": summarise([s for s in scores if s.row_id not in self.profiled]).to_dict(),
+            }
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         loso = {s.row_id: s for s in self.by_source_cv}
@@ -745,6 +782,7 @@ class Validation:
                 },
             },
             "skipped": sum(1 for r in self.runs if r.skip_reason is not None),
+            "profile_guided": self.profile_split() if self.profiled else None,
             "parameters": self.model.to_dict(),
         }
 
@@ -754,14 +792,31 @@ def validate(path: str | Path, model: StepTimeModel | None = None) -> Validation
     default) and cross-validated, leaving one source and one GPU type out."""
     runs = read_runs(path)
     model = model or shipped_model()
+    # Cross-validation refits from the defaults (the given parameters were fitted on these rows), keeping
+    # the given model's measured layer profiles.
+    base = StepTimeModel(layer_profiles=model.layer_profiles)
     return Validation(
         runs=runs,
         model=model,
         in_sample=score(runs, model),
-        by_source_cv=cross_validate(runs, by="source"),
-        by_gpu_cv=cross_validate(runs, by="gpu"),
+        by_source_cv=cross_validate(runs, by="source", base=base),
+        by_gpu_cv=cross_validate(runs, by="gpu", base=base),
         gpu_of={r.row_id: gpu_type_of(r) for r in runs},
+        profiled=profiled_rows(runs, model),
     )
+
+
+def profiled_rows(runs: Sequence[StepRun], model: StepTimeModel) -> frozenset[str]:
+    """The usable rows ``model`` prices from a measured layer profile on any of their GPU types."""
+    if not model.profiles:
+        return frozenset()
+    out = set()
+    for r in usable(runs):
+        assert r.job is not None
+        terms = step_terms(r.job)
+        if any(profiled_point(terms, gpu, model) is not None for gpu, _ in r.placements()):
+            out.add(r.row_id)
+    return frozenset(out)
 
 
 def calibrate(path: str | Path, base: StepTimeModel | None = None) -> tuple[StepTimeModel, Validation]:
@@ -858,7 +913,8 @@ def render_markdown(result: Validation, command: str, refusals: dict[str, str | 
         f"- Command: `{command}`",
         "- Data: the calibration file's rows (one published run each; sources and locators in its README).",
         "- Model: `frenzy_opt/prediction/steptime.py`; parameters fitted by `frenzy_opt/validation/steptime.py` on the",
-        "  homogeneous rows (heterogeneous rows are priced on their slowest GPU type and only scored).",
+        "  homogeneous rows (heterogeneous rows are priced on each of their GPU types, the slowest step kept, and",
+        "  only scored).",
         "- Error = predicted / measured - 1; tables give the mean |error| (signed mean in brackets).",
         "- In sample = the parameters fitted on every row; leave one source out (LOSO) = each source's rows",
         "  predicted by parameters fitted without that source; leave one GPU type out (LOGO) likewise by the",
@@ -896,6 +952,23 @@ def render_markdown(result: Validation, command: str, refusals: dict[str, str | 
             f"| no published configuration refused as infeasible | {len(bad)} of {len(refusals)} refused | "
             f"{'yes' if not bad else 'no'} |"
         )
+    split = payload.get("profile_guided")
+    if split:
+        lines += [
+            "",
+            f"Measured layer profiles price {len(split['rows'])} rows (ids {', '.join(split['rows'])}); their errors",
+            "apart from the others':",
+            "",
+            "| rows | in sample | LOSO | LOGO |",
+            "|---|---:|---:|---:|",
+        ]
+        for kind in ("profile_guided", "unprofiled"):
+            cells = [split[k][kind] for k in ("in_sample", "leave_one_source_out", "leave_one_gpu_type_out")]
+            lines.append(
+                f"| {kind.replace('_', '-')} ({cells[0]['rows']}) | "
+                + " | ".join(f"{_pct(c['mean_abs_error'])} ({_signed(c['mean_signed_error'])})" for c in cells)
+                + " |"
+            )
     lines += [
         "",
         f"Overall: in sample {_pct(payload['overall']['mean_abs_error'])}, LOSO {_pct(lo)} (median "
