@@ -169,3 +169,26 @@ def test_profile_from_sailor_writes_a_profile_plan_uses(tmp_path: Path, capsys: 
     assert len(payload["profiles"]) == 2 and len(payload["skipped"]) == 1
     stored = CalibrationStore(tmp_path / "cal").load("sailor")
     assert len(stored.layer_profiles) == 2
+
+
+def test_plan_with_a_calibration_prices_the_profiled_gpu_type_from_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("FRENZY_CALIBRATIONS", str(tmp_path / "cal"))
+    slow = tuple(_point(mbs, tp, scale=1000.0) for mbs in (1, 2, 4, 8) for tp in (1, 2))
+    add_profiles(CalibrationStore(), "site", [_profile(slow)], "test")
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps({k: v for k, v in JOB_DICT.items() if k != "parallel"}))
+
+    def best_per_type(*extra: str) -> dict[str, float]:
+        assert main(["plan", str(job), "--cluster", "paper-3type", "--top", "100000", "--json", *extra]) == 0
+        plans = json.loads(capsys.readouterr().out)["plans"]
+        out: dict[str, float] = {}
+        for p in plans:
+            out[p["gpu_type"]] = min(out.get(p["gpu_type"], float("inf")), p["step_time_s"])
+        return out
+
+    shipped, profiled = best_per_type(), best_per_type("--calibration", "site")
+    # Each A100 layer now takes seconds per micro-batch; the other types keep the kernel model's times.
+    assert profiled["A100-SXM4-80GB"] > 1.0 > shipped["A100-SXM4-80GB"]
+    assert profiled["RTX-3090"] == pytest.approx(shipped["RTX-3090"])
