@@ -303,9 +303,14 @@ def cluster_sections() -> list[Section]:
                 cluster_file.ClusterSpec,
                 cluster_file.CLUSTER_FIELDS,
                 field_of_key={"network": "inter_node_gbit_s"},
-                defaults={"name": f"`{cluster_file.DEFAULT_NAME}`", "network": "see below"},
-                types={"network": "mapping"},
+                defaults={"name": f"`{cluster_file.DEFAULT_NAME}`", "network": "see below", "storage": "see below"},
+                types={"network": "mapping", "storage": "mapping"},
             ),
+        ),
+        Section(
+            "Cluster file: `storage`",
+            "Checkpoint storage, GB/s (decimal): what each move of a job (a checkpoint save and load) costs.",
+            rows_of(cluster_file.Storage, cluster_file.STORAGE_FIELDS),
         ),
         Section(
             "Cluster file: `network`",

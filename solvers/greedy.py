@@ -77,6 +77,12 @@ REVIEW_OPTIONS = 3
 REVIEW_GROWTHS = 4
 # Restarts may take at most this fraction of a job's time since its first start (see GreedyState._movable).
 MAX_OVERHEAD = 0.1
+# A job moved is not moved again before it has run this many times its restart cost (a design choice: two
+# moves in a row for small gains would each pay a checkpoint save and load).
+HYSTERESIS = 3.0
+# A move must gain this many times what it costs (restart and the stopped jobs' delay): a margin for the
+# prediction error of the gain (the step-time model's cross-validated error is tens of percent).
+MOVE_MARGIN = 1.5
 # Grow a running job only if it saves over this fraction of its remaining time, its restart paid.
 GROW_GAIN = 0.25
 
@@ -695,18 +701,21 @@ class GreedyState:
             heapq.heappop(self.running)
 
     def _movable(self, run: _Running, now: float, max_restarts: int) -> bool:
-        """Whether review may stop ``run``: a job (not a hold) past its own restart cost, under both bounds:
-        at most ``max_restarts`` stops, and restarts so far plus this one at most :data:`MAX_OVERHEAD` of
-        the time since it first started (the budget of Pollux's re-allocation penalty, Qiao et al. 2021
-        §4.2, that Sia keeps)."""
+        """Whether review may stop ``run``: a preemptible job (not a hold) that has run :data:`HYSTERESIS`
+        times its restart cost since it last started, under its spec's ``max_moves`` and both bounds: at
+        most ``max_restarts`` stops, and restarts so far plus this one at most :data:`MAX_OVERHEAD` of the
+        time since it first started (the budget of Pollux's re-allocation penalty, Qiao et al. 2021 §4.2,
+        that Sia keeps)."""
         problem = run.problem
-        if problem is None or run.released:
+        if problem is None or run.released or not problem.preemptible:
             return False
         done = self.restarts.get(run.job, 0)
+        if problem.max_moves is not None and done >= problem.max_moves:
+            return False
         age = now - self._first_start.get(run.job, run.start_s)
         return (
             done < max_restarts
-            and now - run.start_s >= max(problem.restart_s, 1.0)
+            and now - run.start_s >= max(HYSTERESIS * problem.restart_s, 1.0)
             and (done + 1) * problem.restart_s <= MAX_OVERHEAD * age
         )
 
@@ -776,7 +785,9 @@ class GreedyState:
         """Where a grown ``run`` goes: the fastest option that fits on idle GPUs (its own counted free) and
         saves over :data:`GROW_GAIN` of ``left``, with the duration bound its options are then cut to and
         the nodes it fits on now; None if no option does."""
-        limit = left * (1.0 - GROW_GAIN)
+        # Options here already carry the restart; what it saves must also exceed the restart by the margin.
+        restart = run.problem.restart_s if run.problem is not None else 0.0
+        limit = min(left * (1.0 - GROW_GAIN), left - MOVE_MARGIN * restart)
         best: tuple[float, Option, tuple[int, ...]] | None = None
         for option in sorted(options, key=lambda o: o.duration_s):
             if option.duration_s >= limit:
@@ -848,7 +859,7 @@ class GreedyState:
         ends = self._ends.setdefault(gpu_type, [])
         index_end = self._horizon(gpu_type, horizons).earliest(option)
         start = ends[index_end][0] if index_end >= 0 else float("inf")
-        if job.weight * (start - now) <= loss:
+        if job.weight * (start - now) <= MOVE_MARGIN * loss:
             return None
         horizons.pop(gpu_type, None)
         moves = []

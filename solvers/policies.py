@@ -192,6 +192,8 @@ class FrenzyPolicy(_Base):
             priority=job.priority,
             deadline_s=job.deadline_s,
             restart_s=job.restart_s,
+            preemptible=job.preemptible,
+            max_moves=job.max_moves,
         )
 
     def _remaining_now(self, job_id: str, now: float) -> float:

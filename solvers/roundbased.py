@@ -112,11 +112,15 @@ def apply_allocations(sim: Simulator, wanted: dict[str, Option]) -> list[Action]
     Jobs that keep their option keep their nodes (no restart). Every other running job stops (it
     checkpoints). New allocations are then placed by the shared rule, whole-node ones first, then the
     others largest first by best fit — the two-stage placement of Sia (§4.3). An allocation that does not
-    fit (fragmentation) is dropped for this round; the job waits for the next one.
+    fit (fragmentation) is dropped for this round; the job waits for the next one. A running job the policy
+    may not move (:func:`locked`) keeps its allocation whatever ``wanted`` says.
     """
     actions: list[Action] = []
     free = list(sim.free)
+    wanted = dict(wanted)
     for job_id, state in sim.running.items():
+        if locked(sim, job_id):
+            wanted[job_id] = state.option  # type: ignore[assignment]
         if wanted.get(job_id) is not state.option:
             actions.append(Stop(job=job_id))
             assert state.option is not None
@@ -132,3 +136,11 @@ def apply_allocations(sim: Simulator, wanted: dict[str, Option]) -> list[Action]
             free[n] -= option.gpus_per_node
         actions.append(Start(job=job_id, option=option, nodes=nodes))
     return actions
+
+
+def locked(sim: Simulator, job_id: str) -> bool:
+    """A running job no policy may stop: its spec says ``scheduling.preemptible: false``, or it has made its
+    ``scheduling.max_moves`` moves (restarts after its first start)."""
+    state = sim.jobs[job_id]
+    job = state.job
+    return not job.preemptible or (job.max_moves is not None and state.starts - 1 >= job.max_moves)

@@ -20,8 +20,10 @@ Parameters and how each follows the paper and its public artefact:
   solution is placeable) whole-node configurations per type <= its nodes.
 * restart: the goodput of every configuration other than a running job's current one is multiplied by the
   Pollux re-allocation factor max(age - restarts * r, 0) / (age + r), age = time since the job first
-  started, r = the job's restart cost (:func:`frenzy_opt.simulation.simulator.restart_cost_s`, 25-250 s as Sia
-  measured); 1 while age < r. A job still paying its restart cost keeps its allocation (hard constraint).
+  started, r = the job's restart cost (``SimJob.restart_s``: :mod:`frenzy_opt.planning.restart` for our
+  workloads, Sia's measured rescale times on its traces); 1 while age < r. A job still paying its restart
+  cost, or one its spec forbids to move (``scheduling.preemptible``, ``max_moves``), keeps its allocation
+  (hard constraint).
 * scale-up: a job that has never run may take only its fewest-GPU configuration on each type (Sia starts
   jobs on one GPU; an LLM may need more to fit); afterwards at most twice the largest count it has held.
 * solver: HiGHS MIP (Sia used CBC or GLPK through cvxpy), relative gap 1e-4, ``time_limit_s`` per round.
@@ -33,7 +35,7 @@ from frenzy_opt.planning.problem import Option
 from frenzy_opt.simulation.simulator import Action, Simulator, Start
 from frenzy_opt.solvers.base import register_policy
 from frenzy_opt.solvers.policies import _Base
-from frenzy_opt.solvers.roundbased import apply_allocations, known_step_s, solve_highs
+from frenzy_opt.solvers.roundbased import apply_allocations, known_step_s, locked, solve_highs
 
 
 def sia_counts(sim: Simulator, gpu_type: str) -> set[int]:
@@ -111,7 +113,8 @@ class SiaPolicy(_Base):
             allowed = self._allowed(job_id)
             if not allowed:
                 continue
-            pinned = state.status == "running" and state.progress_from_s > now  # restarting: keep it
+            # Restarting, or not to be moved (the spec's preemptible/max_moves): keep it.
+            pinned = state.status == "running" and (state.progress_from_s > now or locked(sim, job_id))
             speed = {id(o): 1.0 / known_step_s(sim, state.job, o, oracle=self.oracle) for o in allowed}
             base = min(speed.values())
             factor = self._realloc_factor(job_id, now) if state.status == "running" else 1.0
@@ -129,7 +132,7 @@ class SiaPolicy(_Base):
         rows: list[tuple[list[int], list[float], float]] = []
         for job_id, idx in per_job.items():
             state = sim.jobs[job_id]
-            if state.status == "running" and state.progress_from_s > now:
+            if state.status == "running" and (state.progress_from_s > now or locked(sim, job_id)):
                 rows.append((idx, [-1.0] * len(idx), -1.0))  # sum >= 1: it must stay allocated
             rows.append((idx, [1.0] * len(idx), 1.0))
         for gpu_type in sim.topology.gpu_types:

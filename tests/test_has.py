@@ -125,6 +125,32 @@ def test_a_short_job_preempts_a_long_one_within_the_restart_bounds() -> None:
         assert state.review(at, max_restarts=5) == []
 
 
+def test_a_job_its_spec_keeps_in_place_is_never_preempted() -> None:
+    long = _job("long", (_option(16, 100_000.0),), restart_s=60.0)
+    short = _job("short", (_option(16, 500.0),), restart_s=60.0)
+    for fields, moved in (({}, ["long"]), ({"preemptible": False}, []), ({"max_moves": 0}, [])):
+        state = GreedyState(SchedulingProblem(topology=TOPOLOGY, jobs=()), patient=False)
+        _running(state, _job("long", long.options, restart_s=60.0, **fields), 0.0)
+        state.queue["short"] = short
+        state.decide(5000.0)
+        assert [m.job for m in state.review(5000.0, max_restarts=5)] == moved
+
+
+def test_a_job_just_moved_waits_out_the_hysteresis_before_it_moves_again() -> None:
+    # Moved once already (first started at 0, restarted at 20,000 s), 600 s per restart: the overhead budget
+    # allows a second move from 12,000 s of age, the hysteresis only once it has run 3 x 600 s again.
+    long = _job("long", (_option(16, 100_000.0),), restart_s=600.0)
+    short = _job("short", (_option(16, 500.0),), restart_s=60.0)
+    for at, moved in ((21_500.0, []), (22_000.0, ["long"])):
+        state = GreedyState(SchedulingProblem(topology=TOPOLOGY, jobs=()), patient=False)
+        state.restarts["long"] = 1
+        state._first_start["long"] = 0.0
+        _running(state, long, 20_000.0)
+        state.queue["short"] = short
+        state.decide(at)
+        assert [m.job for m in state.review(at, max_restarts=5)] == moved
+
+
 def test_a_running_job_grows_into_idle_gpus_when_it_saves_enough() -> None:
     state = GreedyState(SchedulingProblem(topology=TOPOLOGY, jobs=()), patient=False)
     _running(state, _job("grow", (_option(8, 40_000.0),), restart_s=60.0), 0.0)
@@ -285,3 +311,57 @@ def test_an_unplanned_wait_is_not_reported_as_refused_by_admission() -> None:
     assert state.decide(0.0) == []
     assert state.waiting and all(option is not None for option, _ in state.waiting.values())
     assert len(state.waiting) < 12
+
+
+class _Swapper:
+    """A round-based policy that wants whichever job arrived last on the whole cluster (the move a
+    re-dividing policy makes), through the shared apply_allocations."""
+
+    name = "swapper"
+    round_s: float | None = None
+
+    def __init__(self) -> None:
+        self.sim: Simulator | None = None
+        self.latest: SimJob | None = None
+        self.stops: list[str] = []
+
+    def attach(self, sim: Simulator) -> None:
+        self.sim = sim
+
+    def on_arrival(self, job: SimJob, now: float) -> None:
+        self.latest = job
+
+    def on_end(self, job: SimJob, now: float, finished: bool) -> None:
+        if self.latest is job:
+            self.latest = None
+
+    def on_node(self, node: int, now: float, up: bool, until_s: float) -> None:
+        pass
+
+    def decide(self, now: float) -> list[object]:
+        from frenzy_opt.simulation.simulator import Stop
+        from frenzy_opt.solvers.roundbased import apply_allocations
+
+        assert self.sim is not None
+        wanted = {}
+        if self.latest is not None:
+            wanted[self.latest.id] = self.latest.options[0]
+        elif self.sim.queue:
+            job = self.sim.jobs[sorted(self.sim.queue)[0]].job
+            wanted[job.id] = job.options[0]
+        actions = apply_allocations(self.sim, wanted)
+        self.stops += [a.job for a in actions if isinstance(a, Stop)]
+        return actions
+
+
+def test_round_based_policies_leave_a_job_its_spec_keeps_in_place() -> None:
+    from dataclasses import replace
+
+    one_step = (_option(16, 1.0),)
+    for preemptible in (True, False):
+        first = replace(_sim_job("first", 0.0, 1000, one_step), preemptible=preemptible)
+        jobs = [first, _sim_job("second", 100.0, 10, one_step)]
+        policy = _Swapper()
+        result = Simulator(TOPOLOGY, jobs, policy).run()  # type: ignore[arg-type]
+        assert set(policy.stops) == ({"first"} if preemptible else set())
+        assert result.jobs["first"].end_s is not None and result.jobs["second"].end_s is not None

@@ -186,8 +186,20 @@ class SchedulingConfig:
     """At most this many GPUs (None: as many as the planner finds useful)."""
     deadline_s: float | None = None
     """Seconds after submission by which the job should have finished (None: no deadline)."""
+    preemptible: bool = True
+    """The scheduler may stop the running job to move, grow or shrink it (a checkpoint save and load each
+    time); false: once started, it runs where it started until it ends (a failed node still restarts it)."""
+    max_moves: int | None = None
+    """At most this many moves (preemptions, growths, shrinks, migrations) over the job's life (None: the
+    scheduler's own bound)."""
 
     def __post_init__(self) -> None:
+        if not isinstance(self.preemptible, bool):
+            raise ValueError(f"scheduling.preemptible must be true or false, got {self.preemptible!r}")
+        if self.max_moves is not None and (
+            isinstance(self.max_moves, bool) or not isinstance(self.max_moves, int) or self.max_moves < 0
+        ):
+            raise ValueError(f"scheduling.max_moves must be an integer >= 0, got {self.max_moves!r}")
         low, high = PRIORITY_RANGE
         if isinstance(self.priority, bool) or not isinstance(self.priority, int) or not low <= self.priority <= high:
             raise ValueError(f"scheduling.priority must be an integer in [{low}, {high}], got {self.priority!r}")

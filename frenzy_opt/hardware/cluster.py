@@ -55,6 +55,54 @@ class NodeGroup:
         return self.num_nodes * self.gpus_per_node
 
 
+# Checkpoint storage a node reaches, each way, when no cluster file says: a design default, not a measurement of
+# any one cluster -- 40 % of one 100 Gbit/s storage NIC (12.5 GB/s). Clusters differ by an order of magnitude:
+# NVIDIA's DGX SuperPOD reference architecture (DGX H100) expects a GPUDirect Storage client to read "at over
+# 40 GBps" per node, while a cloud file system gives what was provisioned (Amazon FSx for Lustre PERSISTENT_2:
+# 125-1,000 MB/s per TiB stored). Give the cluster's own figures in its file's ``storage`` section.
+DEFAULT_STORAGE_GBYTE_S = 5.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Storage:
+    """Where checkpoints go (a cluster file's ``storage`` section): GB/s each node reads and writes, and the
+    file system's total (None: no limit beyond the nodes')."""
+
+    read_gbyte_s_per_node: float = DEFAULT_STORAGE_GBYTE_S
+    """GB/s one node reads checkpoints at (a design default where the file gives none: set your cluster's)."""
+    write_gbyte_s_per_node: float = DEFAULT_STORAGE_GBYTE_S
+    """GB/s one node writes checkpoints at."""
+    read_gbyte_s_total: float | None = None
+    """GB/s the file system serves to all nodes together (null: the nodes' sum)."""
+    write_gbyte_s_total: float | None = None
+    """GB/s the file system absorbs from all nodes together (null: the nodes' sum)."""
+
+    def read_gbyte_s(self, nodes: int) -> float:
+        """What ``nodes`` nodes read together."""
+        per_node = nodes * self.read_gbyte_s_per_node
+        return per_node if self.read_gbyte_s_total is None else min(per_node, self.read_gbyte_s_total)
+
+    def write_gbyte_s(self, nodes: int) -> float:
+        """What ``nodes`` nodes write together."""
+        per_node = nodes * self.write_gbyte_s_per_node
+        return per_node if self.write_gbyte_s_total is None else min(per_node, self.write_gbyte_s_total)
+
+
+STORAGE_FIELDS = ("read_gbyte_s_per_node", "write_gbyte_s_per_node", "read_gbyte_s_total", "write_gbyte_s_total")
+
+
+def _storage(raw: object) -> Storage:
+    if raw is None:
+        return Storage()
+    if not isinstance(raw, dict):
+        raise ValueError(f"storage must be a mapping of {', '.join(STORAGE_FIELDS)}, got {type(raw).__name__}")
+    unknown = sorted(set(raw) - set(STORAGE_FIELDS))
+    if unknown:
+        allowed = ", ".join(STORAGE_FIELDS)
+        raise ValueError(f"storage: unknown field(s) {', '.join(map(str, unknown))}; allowed: {allowed}")
+    return Storage(**{k: _positive_number(f"storage.{k}", v) for k, v in raw.items()})
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ClusterSpec:
     """A cluster file (contract 2)."""
@@ -66,6 +114,8 @@ class ClusterSpec:
     inter_node_gbit_s: float
     """The inter-node network (the file's ``network`` section): NICs per node times Gbit/s per NIC, the
     default of every node group."""
+    storage: Storage = Storage()
+    """Checkpoint storage (the file's ``storage`` section): what a job's moves cost to save and load."""
 
     @property
     def num_gpus(self) -> int:
@@ -124,7 +174,7 @@ def _network(raw: dict[str, Any], where: str, default: tuple[int, float]) -> tup
     return nics, gbps
 
 
-CLUSTER_FIELDS = ("name", "network", "node_groups")
+CLUSTER_FIELDS = ("name", "network", "node_groups", "storage")
 """The top-level keys of a cluster file (contract 2)."""
 
 
@@ -183,7 +233,10 @@ def parse_cluster(data: dict[str, Any]) -> ClusterSpec:
         )
     nics, nic_gbit_s = default_network
     return ClusterSpec(
-        name=str(data.get("name") or DEFAULT_NAME), node_groups=tuple(groups), inter_node_gbit_s=nics * nic_gbit_s
+        name=str(data.get("name") or DEFAULT_NAME),
+        node_groups=tuple(groups),
+        inter_node_gbit_s=nics * nic_gbit_s,
+        storage=_storage(data.get("storage")),
     )
 
 

@@ -60,8 +60,13 @@ class ProblemJob:
     deadline_s: float | None = None
     """When the job should end (absolute seconds, same clock as ``arrival_s``); None: no deadline."""
     restart_s: float = 0.0
-    """What a stop and restart costs the job (checkpoint reload, process-group rebuild): the HAS preempts or
-    resizes a running job only when the gain exceeds it."""
+    """What a stop and restart costs the job (checkpoint save and load, start-up, warm-up:
+    :mod:`frenzy_opt.planning.restart`): the HAS preempts or resizes a running job only when the gain exceeds
+    it."""
+    preemptible: bool = True
+    """The spec's ``scheduling.preemptible``: false, the HAS never stops it once started."""
+    max_moves: int | None = None
+    """The spec's ``scheduling.max_moves``: at most this many stops over its life."""
 
     @property
     def fastest_s(self) -> float:
@@ -400,6 +405,8 @@ def problem_job(job_id: str, arrival_s: float, weight: float, options: tuple[Opt
         options=options,
         priority=spec.scheduling.priority,
         deadline_s=None if deadline is None else arrival_s + deadline,
+        preemptible=spec.scheduling.preemptible,
+        max_moves=spec.scheduling.max_moves,
     )
 
 

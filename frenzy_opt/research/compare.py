@@ -38,8 +38,8 @@ DEFAULT_SIA_CLUSTER = "sia-64"
 DEFAULT_ROUND_S = {"sia": 60.0, "gavel": 360.0}
 # Round lengths of the sensitivity (seconds): those two defaults and the neighbours that halve and double Sia's.
 DEFAULT_ROUNDS_S = (30.0, 60.0, 120.0, 360.0)
-# Restart-cost factors of the sensitivity: Sia measured 25-250 s per model (SOSP 2023 §5), a 10x range; half
-# and double our per-model estimate (simulator.restart_cost_s) bracket where within it a job lies.
+# Restart-cost factors of the sensitivity: Sia measured 25-250 s per model (SOSP 2023 §5), a 10x range, and
+# storage differs more between clusters; half and double our per-job estimate (planning/restart.py) bracket it.
 DEFAULT_RESTART_SCALES = (0.5, 2.0)
 DEFAULT_SENSITIVITY_SCENARIO = "sia64-llm"
 DEFAULT_SENSITIVITY_SEEDS = 4

@@ -68,11 +68,11 @@ from frenzy_opt.planning.problem import (
     no_option_message,
     problem_job,
 )
+from frenzy_opt.planning.restart import job_restart_s
 from frenzy_opt.prediction.calibrations import CalibrationStore
 from frenzy_opt.prediction.closedloop import Sample, recalibrate, sample_of
 from frenzy_opt.service.accounting import placement_detail
 from frenzy_opt.service.store import JobRecord, Store, StoreFenced, describe_fault, is_store_fault
-from frenzy_opt.simulation.simulator import restart_cost_s
 from frenzy_opt.solvers.greedy import GreedyState
 
 log = logging.getLogger(__name__)
@@ -684,9 +684,14 @@ class Orchestrator:
     def _queue(self, job: Job, options: tuple[Option, ...], reason: str) -> None:
         """Put the job in the HAS's queue with ``options``."""
         problem = problem_job(job.id, job.submitted_s, job.weight, options, job.spec)
-        self.state.queue[job.id] = replace(problem, restart_s=restart_cost_s(job.spec.model.num_params))
+        self.state.queue[job.id] = replace(problem, restart_s=self._restart_s(job))
         job.reason = reason
         self._fresh.add(job.id)
+
+    def _restart_s(self, job: Job) -> float:
+        """What one move of ``job`` costs (checkpoint save and load on the cluster's storage, start-up, warm-up:
+        :mod:`frenzy_opt.planning.restart`)."""
+        return job_restart_s(job.spec, self.cluster.storage, self.cache.per_step(job.spec))
 
     def _release(self, job: Job) -> Run | None:
         run, job.run, job.progress = job.run, None, None
@@ -778,7 +783,7 @@ class Orchestrator:
     def _resumed(self, job: Job, now: float) -> tuple[Option, ...]:
         """The job's options if it stopped now and resumed: the steps it has left, plus its restart cost."""
         spec = job.spec_with(self._steps_at(job, now) if job.run is not None else job.steps_left)
-        restart = math.ceil(restart_cost_s(job.spec.model.num_params))
+        restart = math.ceil(self._restart_s(job))
         return tuple(replace(o, duration_s=o.duration_s + restart) for o in self.cache.options(spec))
 
     def _preempt(self, now: float, pending: _Pending) -> None:
@@ -840,7 +845,7 @@ class Orchestrator:
         """Record one assignment of the decision (the ledger took its GPUs) and what to launch."""
         job.attempts += 1
         resumed = job.steps_left is not None
-        restart = restart_cost_s(job.spec.model.num_params) if resumed else 0.0
+        restart = self._restart_s(job) if resumed else 0.0
         job.run = Run(
             job_id=job.id,
             attempt=job.attempts,

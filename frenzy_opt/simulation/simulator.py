@@ -47,22 +47,12 @@ from frenzy_opt.core.protocols import Policy
 from frenzy_opt.hardware.placement import refusal
 from frenzy_opt.hardware.topology import Topology
 from frenzy_opt.planning.problem import Option, OptionCache, no_option_message
+from frenzy_opt.planning.restart import job_restart_s
 from frenzy_opt.planning.scenario import Request, Scenario
 from frenzy_opt.simulation.tracemap import expand, with_requests
 
 # Event kinds in their order at equal times (module docstring); WAKE is a wake-up a policy asked for.
 COMPLETION, FAILURE, REPAIR, ARRIVAL, WAKE, TICK = range(6)
-
-# Restart cost: Sia measured 25-250 s per model to checkpoint-restart (SOSP 2023 §5, BASELINES.md). Model it as
-# a fixed part (process start, NCCL/gloo rendezvous) plus reading the checkpoint: weights and Adam moments,
-# 16 bytes per parameter (Rajbhandari et al. 2020 §3.1: fp16 weights and gradients + fp32 master, m, v), at an
-# aggregate storage read bandwidth. The defaults give 27 s for 125 M parameters and 250 s for 70 B ones.
-RESTART_FIXED_S = 25.0
-RESTART_READ_GBPS = 5.0
-
-
-def restart_cost_s(num_params: int) -> float:
-    return min(RESTART_FIXED_S + 16 * num_params / (RESTART_READ_GBPS * 1e9), 250.0)
 
 
 class SimulationError(RuntimeError):
@@ -90,6 +80,10 @@ class SimJob:
     """The spec's ``scheduling.priority`` (what policies that know priority classes use)."""
     deadline_s: float | None = None
     """Absolute time by which the job should end (the spec's ``scheduling.deadline_s`` after arrival)."""
+    preemptible: bool = True
+    """The spec's ``scheduling.preemptible``: policies may stop it once started (failures aside)."""
+    max_moves: int | None = None
+    """The spec's ``scheduling.max_moves``."""
 
     def step_s(self, option: Option) -> float:
         """The *predicted* seconds per step on ``option`` (the step-time model's): what a policy knows."""
@@ -264,7 +258,9 @@ def sim_jobs(scenario: Scenario, cache: OptionCache | None = None) -> tuple[list
                 options=options,
                 per_count=per_count,
                 request=job.request,
-                restart_s=restart_cost_s(job.spec.model.num_params),
+                restart_s=job_restart_s(job.spec, scenario.cluster.storage, options),
+                preemptible=job.spec.scheduling.preemptible,
+                max_moves=job.spec.scheduling.max_moves,
                 priority=job.spec.scheduling.priority,
                 deadline_s=None if deadline is None else math.ceil(job.arrival_s) + deadline,
             )
