@@ -634,7 +634,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
         import torch
 
         gpu = resolve_gpu(args.gpu or torch.cuda.get_device_name(0))
-        micro = _int_list(args.micro_batches, "--micro-batches") or profiler.micro_batch_sizes(job)
+        from frenzy_opt.planning.plans import MICRO_BATCH_CHOICES
+
+        micro = _int_list(args.micro_batches, "--micro-batches") or profiler.micro_batch_sizes(job, MICRO_BATCH_CHOICES)
         tps = _int_list(args.tp, "--tp") or profiler.tp_degrees(job)
         source = f"frenzy profile on {torch.cuda.get_device_name(0)} (torch {torch.__version__})"
         profile, notes = profiler.measure(

@@ -19,7 +19,7 @@ SOLVERS: Registry[Solver] = Registry(
     },
 )
 _POLICY_MODULES = {
-    **dict.fromkeys(("frenzy", "frenzy-oracle", "fifo", "optimal"), "frenzy_opt.solvers.policies"),
+    **dict.fromkeys(("frenzy", "frenzy-oracle", "fifo", "cpsat-offline"), "frenzy_opt.solvers.policies"),
     **dict.fromkeys(("sia", "sia-oracle"), "frenzy_opt.solvers.sia"),
     **dict.fromkeys(("gavel", "gavel-oracle"), "frenzy_opt.solvers.gavel"),
 }

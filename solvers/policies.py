@@ -9,8 +9,10 @@
   :mod:`frenzy_opt.simulation.tracemap`), with the fastest plan for that count. One FIFO queue per GPU type (a
   partition per type, as Slurm sites configure heterogeneous clusters); a queue's head blocks only its
   own type. No backfilling.
-* ``optimal`` — the CP-SAT schedule of the whole workload (:mod:`frenzy_opt.solvers.cpsat`), computed once
-  with all arrivals known (offline, clairvoyant) and replayed; tractable for tens of jobs. Its decision
+* ``cpsat-offline`` — the CP-SAT schedule of the whole workload (:mod:`frenzy_opt.solvers.cpsat`), computed
+  once with all arrivals known (offline, clairvoyant) and replayed; tractable for tens of jobs. It is
+  non-preemptive and the best schedule found within its time limit, so a preemptive online policy can beat
+  it: it is a baseline, not a bound (the bound is :mod:`frenzy_opt.solvers.jctbound`). Its decision
   time is the solve time. It plans with predicted durations; under another truth a planned start whose
   GPUs are still held (an earlier job ran longer than predicted) takes any placement of the same option
   that fits, else waits until one does.
@@ -321,11 +323,11 @@ class FifoPolicy(_Base):
         return actions
 
 
-@register_policy("optimal")
+@register_policy("cpsat-offline")
 class OptimalPolicy(_Base):
     """The offline CP-SAT schedule, replayed (module docstring). ``max_jobs`` bounds where it is tried."""
 
-    name = "optimal"
+    name = "cpsat-offline"
 
     def __init__(self, time_limit_s: float = 60.0, workers: int = 2, seed: int = 0, max_jobs: int = 60) -> None:
         super().__init__()
@@ -339,11 +341,11 @@ class OptimalPolicy(_Base):
     def attach(self, sim: Simulator) -> None:
         super().attach(sim)
         if sim.failures is not None:
-            raise SimulationError("optimal: an offline schedule cannot replay failures; run it without them")
+            raise SimulationError("cpsat-offline: an offline schedule cannot replay failures; run it without them")
         if len(sim.jobs) > self.max_jobs:
             raise SimulationError(
-                f"optimal: {len(sim.jobs)} jobs exceed max_jobs={self.max_jobs}, beyond what CP-SAT solves here "
-                "(raise policies.optimal.max_jobs to try)"
+                f"cpsat-offline: {len(sim.jobs)} jobs exceed max_jobs={self.max_jobs}, beyond what CP-SAT solves here "
+                "(raise policies.cpsat-offline.max_jobs to try)"
             )
 
     def _solve(self) -> None:
@@ -358,7 +360,7 @@ class OptimalPolicy(_Base):
         schedule = self.solver.solve(SchedulingProblem(topology=self.sim.topology, jobs=tuple(problem_jobs)))
         self.status, self.bound = schedule.status, schedule.bound
         if not schedule.assignments:
-            raise SimulationError(f"optimal: CP-SAT found no schedule ({schedule.status})")
+            raise SimulationError(f"cpsat-offline: CP-SAT found no schedule ({schedule.status})")
         for a in schedule.assignments:
             self.plan[a.job] = (a.start_s, originals[a.job][id(a.option)], a.nodes)
             self.sim.wake_at(a.start_s)

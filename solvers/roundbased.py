@@ -50,21 +50,12 @@ def _highs() -> highspy.Highs:
     return h
 
 
-def solve_highs(
-    cost: Sequence[float],
-    upper: Sequence[float],
-    rows: Sequence[tuple[Sequence[int], Sequence[float], float]],
-    *,
-    integer: bool,
-    time_limit_s: float,
-    mip_rel_gap: float = 1e-4,
-) -> list[float]:
-    """Minimise ``cost . x`` with 0 <= x <= ``upper`` and rows ``sum(coef * x[idx]) <= rhs``, by HiGHS
-    (Huangfu & Hall 2018) directly through highspy: no modelling layer between the policy and the solver."""
+def highs_lp(
+    cost: Sequence[float], upper: Sequence[float], rows: Sequence[tuple[Sequence[int], Sequence[float], float]]
+) -> highspy.HighsLp:
+    """The LP ``min cost . x`` with 0 <= x <= ``upper`` and rows ``sum(coef * x[idx]) <= rhs`` as HiGHS's
+    column-wise model."""
     n = len(cost)
-    if n == 0:
-        return []
-    # Column-wise sparse matrix from the rows.
     cols: list[list[tuple[int, float]]] = [[] for _ in range(n)]
     for r, (idx, coef, _) in enumerate(rows):
         for i, c in zip(idx, coef, strict=True):
@@ -88,6 +79,24 @@ def solve_highs(
     lp.a_matrix_.start_ = np.asarray(starts, dtype=np.int32)
     lp.a_matrix_.index_ = np.asarray(index, dtype=np.int32)
     lp.a_matrix_.value_ = np.asarray(value, dtype=float)
+    return lp
+
+
+def solve_highs(
+    cost: Sequence[float],
+    upper: Sequence[float],
+    rows: Sequence[tuple[Sequence[int], Sequence[float], float]],
+    *,
+    integer: bool,
+    time_limit_s: float,
+    mip_rel_gap: float = 1e-4,
+) -> list[float]:
+    """Minimise ``cost . x`` with 0 <= x <= ``upper`` and rows ``sum(coef * x[idx]) <= rhs``, by HiGHS
+    (Huangfu & Hall 2018) directly through highspy: no modelling layer between the policy and the solver."""
+    n = len(cost)
+    if n == 0:
+        return []
+    lp = highs_lp(cost, upper, rows)
     if integer:
         lp.integrality_ = [highspy.HighsVarType.kInteger] * n
     h = _highs()

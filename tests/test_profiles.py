@@ -14,6 +14,7 @@ from frenzy_opt.cli import main
 from frenzy_opt.core.spec import parse_job
 from frenzy_opt.hardware.gpus import lookup_gpu
 from frenzy_opt.hardware.topology import Links
+from frenzy_opt.planning.plans import MICRO_BATCH_CHOICES
 from frenzy_opt.prediction import profiler
 from frenzy_opt.prediction.calibrations import CalibrationStore, add_profiles, resolve_model
 from frenzy_opt.prediction.profiles import LayerProfile, LayerShape, ProfileIndex, ProfilePoint
@@ -103,7 +104,7 @@ def test_the_profiler_measures_every_point_on_any_torch_device() -> None:
 
 
 def test_the_planner_choices_are_what_gets_measured() -> None:
-    assert profiler.micro_batch_sizes(JOB) == [1, 2, 4, 8]
+    assert profiler.micro_batch_sizes(JOB, MICRO_BATCH_CHOICES) == [1, 2, 4, 8]
     assert profiler.tp_degrees(JOB) == [1, 2]  # two key/value heads: tp 4 would split one
 
 

@@ -23,18 +23,18 @@ def _run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]
     return code, out, err
 
 
-@pytest.mark.slow  # about a minute: every policy, CP-SAT's optimal among them
+@pytest.mark.slow  # about a minute: every policy, CP-SAT's offline schedule among them
 def test_simulate_json_has_the_contract_keys_for_every_policy(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = _run(capsys, "simulate", "default", "--policy", "frenzy,fifo,sia,gavel,optimal", "--json")
+    code, out, _ = _run(capsys, "simulate", "default", "--policy", "frenzy,fifo,sia,gavel,cpsat-offline", "--json")
     assert code == 0
     payload = json.loads(out)
-    assert set(payload["policies"]) == {"frenzy", "fifo", "sia", "gavel", "optimal"}
+    assert set(payload["policies"]) == {"frenzy", "fifo", "sia", "gavel", "cpsat-offline"}
     for metrics in payload["policies"].values():
         assert all(key in metrics for key in POLICY_KEYS)
         assert metrics["num_finished"] == metrics["num_jobs"] == 6
         assert metrics["p50_jct_s"] <= metrics["p99_jct_s"] <= metrics["makespan_s"]
-    # (optimal against the non-preemptive HAS: tests/test_simulator.py; frenzy here preempts, so may beat it)
-    assert set(payload["versus_frenzy"]) == {"fifo", "sia", "gavel", "optimal"}
+    # (cpsat-offline against the non-preemptive HAS: tests/test_simulator.py; frenzy here preempts, so may beat it)
+    assert set(payload["versus_frenzy"]) == {"fifo", "sia", "gavel", "cpsat-offline"}
 
 
 def test_simulate_writes_the_three_figures(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -57,12 +57,12 @@ def test_simulate_with_failures_reports_them(capsys: pytest.CaptureFixture[str])
     [
         (
             ["--policy", "pollux"],
-            "unknown pollux; allowed: fifo, frenzy, frenzy-oracle, gavel, gavel-oracle, optimal, sia, sia-oracle",
+            "unknown pollux; allowed: cpsat-offline, fifo, frenzy, frenzy-oracle, gavel, gavel-oracle, sia, sia-oracle",
         ),
         (["--policy", "frenzy", "--seeds", "0"], "--seeds must be >= 1"),
         (["--truth", "profiled", "--profiles", "no/such/folder"], "neither sia, gavel"),
         (["--policy", "frenzy", "--mtbf-h", "-1"], "--mtbf-h must be > 0"),
-        (["--policy", "optimal", "--mtbf-h", "5"], "cannot replay failures"),
+        (["--policy", "cpsat-offline", "--mtbf-h", "5"], "cannot replay failures"),
     ],
 )
 def test_simulate_bad_input_exits_2_naming_the_problem(
@@ -73,19 +73,20 @@ def test_simulate_bad_input_exits_2_naming_the_problem(
     assert message in err
 
 
-def test_compare_writes_the_report_with_tables_figures_and_the_optimal_gap(
+def test_compare_writes_the_report_with_tables_figures_and_the_bound(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     out_path = tmp_path / "report.md"
     code, _, _ = _run(
-        capsys, "compare", "default", "--policy", "frenzy,fifo,optimal", "--out", str(out_path), "--no-failures",
+        capsys, "compare", "default", "--policy", "frenzy,fifo,cpsat-offline", "--out", str(out_path), "--no-failures",
         "--truth", "model", "--seeds", "1", "--no-profiled",
     )  # fmt: skip
     assert code == 0
     text = out_path.read_text(encoding="utf-8")
-    assert "| frenzy |" in text and "| fifo |" in text and "| optimal |" in text
-    assert "Heuristic vs optimal" in text
-    assert "frenzy compare default --policy frenzy,fifo,optimal" in text
+    assert "| frenzy |" in text and "| fifo |" in text and "| cpsat-offline |" in text
+    # The proven lower bound, and every policy's distance above it.
+    assert "Lower bound on the average JCT of any policy" in text and "| fifo | +" in text
+    assert "frenzy compare default --policy frenzy,fifo,cpsat-offline" in text
     for figure in ("default-jct-cdf.png", "default-utilization.png", "default-gantt-frenzy.png"):
         assert f"(report/{figure})" in text and (tmp_path / "report" / figure).is_file()
 

@@ -113,21 +113,21 @@ def test_optimal_replays_the_cpsat_schedule_and_is_no_worse_than_greedy() -> Non
     jobs, topology = sim_jobs(load_scenario())
     results = {}
     # The greedy CP-SAT is hinted with: the HAS without preemption (CP-SAT's model has none either).
-    for name in ("frenzy", "optimal"):
-        settings = {"time_limit_s": 20.0} if name == "optimal" else {"preempt": False}
+    for name in ("frenzy", "cpsat-offline"):
+        settings = {"time_limit_s": 20.0} if name == "cpsat-offline" else {"preempt": False}
         result = Simulator(topology, jobs, make_policy(name, **settings)).run()  # type: ignore[arg-type]
         assert check_result(result, topology) == []
         results[name] = result.metrics()
     # CP-SAT starts from the greedy schedule (hint) and durations are the same up to rounding to seconds.
-    assert float(results["optimal"]["avg_jct_s"]) <= float(results["frenzy"]["avg_jct_s"]) * 1.001
+    assert float(results["cpsat-offline"]["avg_jct_s"]) <= float(results["frenzy"]["avg_jct_s"]) * 1.001
 
 
 def test_optimal_refuses_failures_and_oversized_scenarios() -> None:
     jobs, topology = sim_jobs(load_scenario())
     with pytest.raises(SimulationError, match="max_jobs"):
-        Simulator(topology, jobs, make_policy("optimal", max_jobs=3)).run()  # type: ignore[arg-type]
+        Simulator(topology, jobs, make_policy("cpsat-offline", max_jobs=3)).run()  # type: ignore[arg-type]
     with pytest.raises(SimulationError, match="failures"):
-        Simulator(topology, jobs, make_policy("optimal"), failures=Failures(node_mtbf_h=10)).run()  # type: ignore[arg-type]
+        Simulator(topology, jobs, make_policy("cpsat-offline"), failures=Failures(node_mtbf_h=10)).run()  # type: ignore[arg-type]
 
 
 class _Recorder:
@@ -250,7 +250,7 @@ def test_metrics_follow_contract_3_and_percentiles_interpolate() -> None:
 
 
 def test_policy_registry_names_unknown_policies_and_bad_settings() -> None:
-    assert {"frenzy", "fifo", "sia", "gavel", "optimal"} <= set(policy_names())
+    assert {"frenzy", "fifo", "sia", "gavel", "cpsat-offline"} <= set(policy_names())
     with pytest.raises(ValueError, match=r"allowed: .*fifo"):
         make_policy("pollux")
     with pytest.raises(ValueError, match=r"policies\.sia"):

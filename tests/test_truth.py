@@ -178,7 +178,7 @@ def test_frenzy_pays_for_a_truth_slower_than_its_predictions() -> None:
 def test_optimal_waits_when_a_job_overruns_its_planned_end() -> None:
     topology = _topology()
     jobs = _jobs(topology)[:6]
-    policy = make_policy("optimal", time_limit_s=5.0)
+    policy = make_policy("cpsat-offline", time_limit_s=5.0)
     result = Simulator(topology, jobs, policy, truth=NoisyTruth(seed=0, residuals=(0.5,))).run()  # type: ignore[arg-type]
     assert check_result(result, topology) == []
     assert result.metrics()["num_finished"] == 6

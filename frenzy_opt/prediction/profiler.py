@@ -42,15 +42,13 @@ def cuda_refusal() -> str | None:
     )
 
 
-def micro_batch_sizes(job: JobSpec) -> list[int]:
-    """The micro-batch sizes the planner considers for ``job`` (its pinned one, else every choice that divides
-    the global batch: :data:`frenzy_opt.planning.plans.MICRO_BATCH_CHOICES`)."""
-    from frenzy_opt.planning.plans import MICRO_BATCH_CHOICES
-
+def micro_batch_sizes(job: JobSpec, choices: Sequence[int]) -> list[int]:
+    """The micro-batch sizes the planner considers for ``job``: its pinned one, else every one of ``choices``
+    (the planner's, :data:`frenzy_opt.planning.plans.MICRO_BATCH_CHOICES`) that divides the global batch."""
     t = job.training
     if "micro_batch_size" in job.pinned:
         return [t.micro_batch_size]
-    return [m for m in MICRO_BATCH_CHOICES if t.global_batch_size % m == 0]
+    return [m for m in choices if t.global_batch_size % m == 0]
 
 
 def tp_degrees(job: JobSpec, gpus_per_node: int = MAX_TP) -> list[int]:

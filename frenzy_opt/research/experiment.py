@@ -41,11 +41,12 @@ from frenzy_opt.simulation.simulator import (
 )
 from frenzy_opt.simulation.truth import TruthKind, TruthSpec
 from frenzy_opt.solvers.base import make_policy, policy_names
+from frenzy_opt.solvers.jctbound import JctBound, jct_lower_bound
 
 DEFAULT_COMPARE_SCENARIOS = ("paper3type-llm", "sia64-llm", "cluster2048-llm")
 # frenzy-oracle (frenzy told the true step times) costs a second per run and shows what frenzy's prediction
 # errors cost it; the sia and gavel oracles would double the report's run time (Sia's ILP dominates it).
-DEFAULT_COMPARE_POLICIES = ("frenzy", "frenzy-oracle", "fifo", "sia", "gavel", "optimal")
+DEFAULT_COMPARE_POLICIES = ("frenzy", "frenzy-oracle", "fifo", "sia", "gavel", "cpsat-offline")
 # The report's truth and seeds (docs/simulator.md): the step-time model's cross-validated error, 8 seeds.
 DEFAULT_COMPARE_TRUTH = "noisy"
 DEFAULT_COMPARE_SEEDS = 8
@@ -65,11 +66,13 @@ class Experiment:
     jobs: list[SimJob]
     results: dict[str, SimResult] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
-    """Policies that could not run here, with the reason (e.g. ``optimal`` beyond its size limit)."""
+    """Policies that could not run here, with the reason (e.g. ``cpsat-offline`` beyond its size limit)."""
     build_s: float = 0.0
     truth: Truth = field(default_factory=ModelTruth)
     cache: OptionCache | None = None
     """The plan searches, shared with the experiments of the other seeds."""
+    bound: JctBound | None = None
+    """The proven lower bound on any policy's average JCT here (:mod:`frenzy_opt.solvers.jctbound`), when asked."""
 
 
 def parse_policies(text: str) -> list[str]:
@@ -137,7 +140,7 @@ def run_policies(
             )
             experiment.results[name] = sim.run()
         except SimulationError as err:
-            if not skip_infeasible or name != "optimal":
+            if not skip_infeasible or name != "cpsat-offline":
                 raise
             experiment.skipped[name] = str(err)
     return experiment
@@ -247,9 +250,11 @@ def run_seeds(
     progress: Progress | None = None,
     skip_infeasible: bool = False,
     cache: OptionCache | None = None,
+    bound: bool = False,
 ) -> SeededRuns:
     """Every policy on ``scenario`` for seeds ``base_seed`` … ``base_seed + seeds - 1`` (module docstring);
-    the plan searches are shared between the seeds (``cache``: e.g. one with another step-time model)."""
+    the plan searches are shared between the seeds (``cache``: e.g. one with another step-time model);
+    ``bound``: also each sample's lower bound on the average JCT (:mod:`frenzy_opt.solvers.jctbound`)."""
     if seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {seeds}")
     spec = truth if truth is not None else TruthSpec()
@@ -262,6 +267,8 @@ def run_seeds(
         cache = experiment.cache
         seeded_failures = None if failures is None else replace(failures, seed=failures.seed + k)
         run_policies(experiment, policies, failures=seeded_failures, progress=progress, skip_infeasible=skip_infeasible)
+        if bound:
+            experiment.bound = jct_lower_bound(experiment.jobs, experiment.topology, experiment.truth)
         runs.seeds.append(seed)
         runs.experiments.append(experiment)
     return runs
