@@ -193,3 +193,18 @@ def test_plan_with_a_calibration_prices_the_profiled_gpu_type_from_it(
     # Each A100 layer now takes seconds per micro-batch; the other types keep the kernel model's times.
     assert profiled["A100-SXM4-80GB"] > 1.0 > shipped["A100-SXM4-80GB"]
     assert profiled["RTX-3090"] == pytest.approx(shipped["RTX-3090"])
+
+
+def test_validate_layers_scores_the_kernel_model_on_measured_layers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    folder = _sailor_folder(tmp_path / "sailor")
+    out = tmp_path / "layers.md"
+    assert main(["validate", "layers", str(folder), "--out", str(out), "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert len(payload["points"]) == 3 and len(payload["skipped"]) == 1
+    point = payload["points"][0]
+    assert point["measured_layer_ms"] == pytest.approx(7.0)  # 2 ms forward + 5 ms backward
+    assert point["predicted_layer_ms"] > 0 and point["kernel_layer_ms"] > 0
+    assert payload["summary"]["by_gpu"].keys() == {"A100-SXM4-40GB", "TITAN-RTX"}
+    assert "| A100-SXM4-40GB | 2 |" in out.read_text(encoding="utf-8")
