@@ -34,10 +34,11 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from frenzy_opt.core.spec import ParallelConfig
-from frenzy_opt.prediction.marp.allocator import MemEvent, replay
+from frenzy_opt.prediction.marp.allocator import CachingAllocatorModel, MemEvent
 
 MIB = 2**20
 
@@ -142,42 +143,75 @@ def stage_events(shape: StepShape, steps: int = 2) -> list[MemEvent]:
     the layer's activations freed), in that order. Layers beyond :data:`MAX_SLOTS` per micro-batch are
     merged into one event, which keeps the sizes' mix but not their number."""
     events: list[MemEvent] = []
-    block = 0
 
-    def alloc(size: int, phase: str) -> int:
-        nonlocal block
-        block += 1
+    def alloc(block: int, size: int, phase: str) -> None:
         events.append(MemEvent("alloc", block, size, phase))
-        return block
 
+    def free(block: int, phase: str) -> None:
+        events.append(MemEvent("free", block, 0, phase))
+
+    walk_stage(shape, steps, alloc, free)
+    return events
+
+
+def walk_stage(
+    shape: StepShape, steps: int, alloc: Callable[[int, int, str], None], free: Callable[[int, str], None]
+) -> None:
+    """Call ``alloc(block, size, phase)`` and ``free(block, phase)`` for each event of :func:`stage_events`,
+    in its order: the one description of the trace, which :func:`allocator_reserve_bytes` feeds to the
+    allocator model without building the event list."""
+    block = 0
     for size in shape.state_tensors:
-        alloc(size, "setup")
+        block += 1
+        alloc(block, size, "setup")
     whole = math.floor(shape.in_flight)
     fractions = [1.0] * whole + ([shape.in_flight - whole] if shape.in_flight > whole else [])
     merge = max(1, math.ceil(shape.num_layers / MAX_SLOTS))
     slots = math.ceil(shape.num_layers / merge)
+    parts = [part * merge for part in shape.layer_parts if part > 0]
+    temporaries = [size for size in shape.peak_temporaries if size > 0]
+    transient = shape.backward_transient
     for _ in range(steps):
         live: list[list[int]] = []
         for fraction in fractions:
             layers = max(1, round(slots * fraction))
             for _layer in range(layers):
-                live.append([alloc(part * merge, "forward") for part in shape.layer_parts if part > 0])
-        temps = [alloc(size, "peak") for size in shape.peak_temporaries if size > 0]
+                blocks = []
+                for size in parts:
+                    block += 1
+                    alloc(block, size, "forward")
+                    blocks.append(block)
+                live.append(blocks)
+        temps = []
+        for size in temporaries:
+            block += 1
+            alloc(block, size, "peak")
+            temps.append(block)
         for b in temps:
-            events.append(MemEvent("free", b, 0, "peak"))
+            free(b, "peak")
         for blocks in reversed(live):
-            transient = alloc(shape.backward_transient, "backward") if shape.backward_transient > 0 else None
+            if transient > 0:
+                block += 1
+                alloc(block, transient, "backward")
             for b in blocks:
-                events.append(MemEvent("free", b, 0, "backward"))
-            if transient is not None:
-                events.append(MemEvent("free", transient, 0, "backward"))
-    return events
+                free(b, "backward")
+            if transient > 0:
+                free(block, "backward")
 
 
 @functools.lru_cache(maxsize=4096)
 def allocator_reserve_bytes(shape: StepShape) -> int:
-    """Peak reserved minus peak allocated when the caching allocator model replays :func:`stage_events`."""
-    stats = replay(stage_events(shape))
+    """Peak reserved minus peak allocated when the caching allocator model replays :func:`stage_events`.
+    The trace goes straight into the model (:func:`walk_stage`), as :func:`replay` would feed it: the peaks do
+    not depend on the phase names, which only label the per-phase statistics."""
+    model = CachingAllocatorModel()
+    malloc = model.malloc
+
+    def alloc(block: int, size: int, _phase: str) -> None:
+        malloc(block, size)
+
+    walk_stage(shape, 2, alloc, lambda block, _phase: model.free(block))
+    stats = model.stats()
     return max(0, stats.peak_reserved_bytes - stats.peak_allocated_bytes)
 
 
