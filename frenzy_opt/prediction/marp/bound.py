@@ -143,27 +143,46 @@ def stage_events(shape: StepShape, steps: int = 2) -> list[MemEvent]:
     the layer's activations freed), in that order. Layers beyond :data:`MAX_SLOTS` per micro-batch are
     merged into one event, which keeps the sizes' mix but not their number."""
     events: list[MemEvent] = []
+    phase = [""]
 
-    def alloc(block: int, size: int, phase: str) -> None:
-        events.append(MemEvent("alloc", block, size, phase))
+    def alloc(block: int, size: int) -> None:
+        events.append(MemEvent("alloc", block, size, phase[0]))
 
-    def free(block: int, phase: str) -> None:
-        events.append(MemEvent("free", block, 0, phase))
+    def free(block: int) -> None:
+        events.append(MemEvent("free", block, 0, phase[0]))
 
-    walk_stage(shape, steps, alloc, free)
+    def enter(name: str) -> None:
+        phase[0] = name
+
+    walk_stage(shape, steps, alloc, free, enter)
     return events
 
 
 def walk_stage(
-    shape: StepShape, steps: int, alloc: Callable[[int, int, str], None], free: Callable[[int, str], None]
+    shape: StepShape,
+    steps: int,
+    alloc: Callable[[int, int], object],
+    free: Callable[[int], object],
+    enter: Callable[[str], object],
 ) -> None:
-    """Call ``alloc(block, size, phase)`` and ``free(block, phase)`` for each event of :func:`stage_events`,
-    in its order: the one description of the trace, which :func:`allocator_reserve_bytes` feeds to the
-    allocator model without building the event list."""
+    """Call ``alloc(block, size)`` and ``free(block)`` for each event of :func:`stage_events`, in its order, and
+    ``enter(phase)`` before the first event of each run of one phase (as :func:`replay` calls ``set_phase``):
+    the one description of the trace, which :func:`allocator_reserve_bytes` feeds to the allocator model
+    without building the event list."""
+    current = ""
+
+    def phase(name: str) -> None:
+        nonlocal current
+        if name != current:
+            current = name
+            enter(name)
+
     block = 0
+    if shape.state_tensors:
+        phase("setup")
     for size in shape.state_tensors:
         block += 1
-        alloc(block, size, "setup")
+        alloc(block, size)
     whole = math.floor(shape.in_flight)
     fractions = [1.0] * whole + ([shape.in_flight - whole] if shape.in_flight > whole else [])
     merge = max(1, math.ceil(shape.num_layers / MAX_SLOTS))
@@ -177,40 +196,40 @@ def walk_stage(
             layers = max(1, round(slots * fraction))
             for _layer in range(layers):
                 blocks = []
+                if parts:
+                    phase("forward")
                 for size in parts:
                     block += 1
-                    alloc(block, size, "forward")
+                    alloc(block, size)
                     blocks.append(block)
                 live.append(blocks)
         temps = []
+        if temporaries:
+            phase("peak")
         for size in temporaries:
             block += 1
-            alloc(block, size, "peak")
+            alloc(block, size)
             temps.append(block)
         for b in temps:
-            free(b, "peak")
+            free(b)
         for blocks in reversed(live):
+            if transient > 0 or blocks:
+                phase("backward")
             if transient > 0:
                 block += 1
-                alloc(block, transient, "backward")
+                alloc(block, transient)
             for b in blocks:
-                free(b, "backward")
+                free(b)
             if transient > 0:
-                free(block, "backward")
+                free(block)
 
 
 @functools.lru_cache(maxsize=4096)
 def allocator_reserve_bytes(shape: StepShape) -> int:
-    """Peak reserved minus peak allocated when the caching allocator model replays :func:`stage_events`.
-    The trace goes straight into the model (:func:`walk_stage`), as :func:`replay` would feed it: the peaks do
-    not depend on the phase names, which only label the per-phase statistics."""
+    """Peak reserved minus peak allocated when the caching allocator model replays :func:`stage_events`;
+    the trace goes straight into the model (:func:`walk_stage`), as :func:`replay` would feed it."""
     model = CachingAllocatorModel()
-    malloc = model.malloc
-
-    def alloc(block: int, size: int, _phase: str) -> None:
-        malloc(block, size)
-
-    walk_stage(shape, 2, alloc, lambda block, _phase: model.free(block))
+    walk_stage(shape, 2, model.malloc, model.free, model.set_phase)
     stats = model.stats()
     return max(0, stats.peak_reserved_bytes - stats.peak_allocated_bytes)
 
