@@ -21,10 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import yaml
 
 from frenzy_opt.core.enums import ACTIVE_STATES, JobState
 from frenzy_opt.core.spec import load_mapping
+from frenzy_opt.core.yamlload import load_yaml
 from frenzy_opt.planning.scenario import resolve as resolve_file
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
@@ -55,7 +55,7 @@ def resolve(server: str | None, token: str | None) -> Target:
     config: dict[str, Any] = {}
     path = config_path()
     if path.is_file():
-        loaded = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        loaded = load_yaml(path.read_text(encoding="utf-8")) or {}
         if not isinstance(loaded, dict) or set(loaded) - {"server", "token"}:
             raise ClientError(f"{path}: expected a mapping with the keys server and token")
         config = loaded

@@ -7,8 +7,7 @@ from dataclasses import fields
 from importlib import resources
 from typing import Any
 
-import yaml
-
+from frenzy_opt.core.yamlload import load_yaml
 from frenzy_opt.models.arch import ModelArch
 
 _ARCH_FIELDS = frozenset(f.name for f in fields(ModelArch))
@@ -19,7 +18,7 @@ REQUIRED_ARCH_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_att
 @functools.cache
 def _raw_catalog() -> tuple[dict[str, Any], ...]:
     text = resources.files("frenzy_opt.models").joinpath("catalog.yaml").read_text(encoding="utf-8")
-    return tuple(yaml.safe_load(text)["models"])
+    return tuple(load_yaml(text)["models"])
 
 
 @functools.cache

@@ -3,6 +3,7 @@ trace, per-process terms from the layout, fp8 states as the libraries keep them,
 
 from __future__ import annotations
 
+import random
 from dataclasses import replace
 
 import pytest
@@ -130,3 +131,21 @@ def test_the_planner_admits_on_the_same_bound_predict_shows() -> None:
         # GPU's edge, where it decides): the reserve moves the total by well under 1 %.
         assert plan.required_upper_bytes == pytest.approx(shown.required_upper_bytes, rel=1e-2)
         assert plan.required_upper_bytes <= plan.capacity_bytes
+
+
+def test_the_reserve_fed_straight_from_the_trace_equals_the_replay_of_its_events() -> None:
+    # allocator_reserve_bytes drives the allocator model from walk_stage without building stage_events' list:
+    # the same trace, so the same peaks (a consistency check of the fast path against the event replay).
+    rng = random.Random(7)
+    for _ in range(60):
+        shape = bound.StepShape(
+            state_tensors=tuple(rng.choice([0, rng.randrange(1, 200 * MIB)]) for _ in range(rng.randrange(0, 30))),
+            layer_parts=tuple(rng.choice([0, rng.randrange(1, 60 * MIB)]) for _ in range(3)),
+            num_layers=rng.randrange(1, 90),
+            in_flight=rng.choice([0.0, 1.0, 2.5, rng.uniform(0, 6)]),
+            peak_temporaries=tuple(rng.choice([0, rng.randrange(1, 500 * MIB)]) for _ in range(3)),
+            backward_transient=rng.choice([0, rng.randrange(1, 50 * MIB)]),
+        )
+        stats = replay(bound.stage_events(shape))
+        expected = max(0, stats.peak_reserved_bytes - stats.peak_allocated_bytes)
+        assert bound.allocator_reserve_bytes.__wrapped__(shape) == expected

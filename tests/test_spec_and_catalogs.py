@@ -24,6 +24,7 @@ from frenzy_opt.core.spec import (
     SPLIT_FIELDS,
     default_zero_stage,
     load_job,
+    load_mapping,
     parse_job,
 )
 from frenzy_opt.hardware.cluster import parse_cluster
@@ -663,3 +664,21 @@ def test_scenario_job_errors_name_the_job() -> None:
     assert "jobs[1]" in str(info.value) and "training.precision" in str(info.value)
     with pytest.raises(ValueError, match=re.escape("jobs[0].arrival_s")):
         parse_scenario({"cluster": "paper-3type", "jobs": [_job(arrival_s=-1)]})
+
+
+def test_yaml_files_read_with_the_c_loader_give_what_safe_load_gives() -> None:
+    from frenzy_opt.core.yamlload import FAST_LOADER, load_yaml
+
+    assert FAST_LOADER is getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+    for name in shipped_names():
+        text = resolve(name).read_text(encoding="utf-8")
+        assert load_yaml(text) == yaml.safe_load(text), name
+
+
+def test_a_malformed_yaml_file_is_refused_with_the_line_at_fault_quoted(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("name: x\nnode_groups:\n  gpu: A100\n bad: 3\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="not valid YAML") as err:
+        load_mapping(path)
+    # The pure-Python loader's message (the C parser's gives the line number but not the line itself).
+    assert "line 4, column 2" in str(err.value) and "bad: 3" in str(err.value)

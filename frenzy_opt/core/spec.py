@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from frenzy_opt.core.enums import Precision, Recompute, Runtime
+from frenzy_opt.core.yamlload import load_yaml
 from frenzy_opt.models.arch import ModelArch
 from frenzy_opt.models.catalog import parse_model
 
@@ -409,7 +410,7 @@ def load_mapping(path: str | Path) -> dict[str, Any]:
     except OSError as err:
         raise ValueError(f"cannot read {path}: {err.strerror}") from None
     try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+        data = json.loads(text) if path.suffix == ".json" else load_yaml(text)
     except (json.JSONDecodeError, yaml.YAMLError) as err:
         raise ValueError(f"{path} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {err}") from None
     if not isinstance(data, dict):

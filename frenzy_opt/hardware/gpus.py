@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields
 from importlib import resources
 from typing import Any
 
-import yaml
+from frenzy_opt.core.yamlload import load_yaml
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -96,7 +96,7 @@ def load_gpus() -> dict[str, GpuType]:
     """All GPU types by canonical name, in catalogue order."""
     text = resources.files("frenzy_opt").joinpath("data/gpus.yaml").read_text(encoding="utf-8")
     gpus = {}
-    for entry in yaml.safe_load(text)["gpus"]:
+    for entry in load_yaml(text)["gpus"]:
         entry = dict(entry)
         entry["aliases"] = tuple(str(a) for a in entry.get("aliases") or ())
         entry["notes"] = str(entry.get("notes") or "")

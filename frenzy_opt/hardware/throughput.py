@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-import yaml
-
+from frenzy_opt.core.yamlload import load_yaml
 from frenzy_opt.hardware.gpus import GpuType, load_gpus
 
 FORMATS = ("bf16", "fp16", "fp8", "tf32", "fp32")
@@ -68,7 +67,7 @@ def _peak(gpu: GpuType, fmt: str) -> float | None:
 @functools.cache
 def _table() -> dict[str, dict[str, Any]]:
     text = resources.files("frenzy_opt").joinpath("data/kernel-throughput.yaml").read_text(encoding="utf-8")
-    gpus: dict[str, dict[str, Any]] = yaml.safe_load(text)["gpus"]
+    gpus: dict[str, dict[str, Any]] = load_yaml(text)["gpus"]
     return gpus
 
 

@@ -62,7 +62,13 @@ from frenzy_opt.prediction.marp.predictor import (
     stage_model_of,
 )
 from frenzy_opt.prediction.marp.stages import chunk_layer_counts, in_flight_layer_microbatches, split_rule
-from frenzy_opt.prediction.steptime import FLASH_ARCHITECTURES, StepTimeModel, shipped_model, step_terms_of
+from frenzy_opt.prediction.steptime import (
+    FLASH_ARCHITECTURES,
+    StepTimeModel,
+    cached_step_terms,
+    gpu_rates,
+    shipped_model,
+)
 
 MICRO_BATCH_CHOICES = (1, 2, 4, 8, 16)
 RECOMPUTE_ORDER = ("none", "selective", "full")
@@ -596,6 +602,15 @@ class _Group:
         self.capacity = max(gpu.memory_bytes for gpu in gpus)
         self.by_link = _by_link(gpus)
         self.links = {gpu.name: links_for(cluster, gpu.name) for gpu in gpus}
+        # The step-time band's factors (StepTimeModel.band), read once per GPU instead of once per plan.
+        self.bands = {gpu.name: step_model.band_factors(gpu.architecture) for gpu in gpus}
+        t = self.base.training
+        self.rates = {
+            gpu.name: gpu_rates(gpu, step_model, precision=t.precision, runtime=t.runtime,
+                                head_dim=job.model.kv_channels, seq_len=t.seq_len,
+                                eager=self.base.parallel.attention == "eager")
+            for gpu in gpus
+        }  # fmt: skip
         self.cuda, self.step_model, self.fit = cuda, step_model, fit
         # A job that pins its whole layout is a configuration the user runs: it is refused only when its
         # predicted tensors alone (the allocated peak) exceed the GPU, and flagged ``memory_risk`` when the
@@ -630,9 +645,9 @@ class _Group:
                 outside = upper.rows["cuda_context"] + upper.rows["nccl_buffers"]
                 reserved, used = cuda_totals(point, self.cuda, outside, gpu.memory_bytes)
                 if terms is None:
-                    terms = step_terms_of(job.model, self.cache.training(micro_batch_size), parallel)
-                seconds = terms.evaluate(gpu, self.links[gpu.name], self.step_model).total_s
-                low, high = self.step_model.band(seconds, gpu.architecture)
+                    terms = cached_step_terms(job.model, self.cache.training(micro_batch_size), parallel)
+                seconds = terms.evaluate(gpu, self.links[gpu.name], self.step_model, self.rates[gpu.name]).total_s
+                low, high = self.bands[gpu.name]
                 out.append(
                     Plan(
                         gpu_type=gpu.name,
@@ -651,8 +666,8 @@ class _Group:
                         device_used_upper_bytes=upper.device_used,
                         required_upper_bytes=upper.required,
                         required_headroom_bytes=required,
-                        step_time_p10_s=low,
-                        step_time_p90_s=high,
+                        step_time_p10_s=seconds * low,
+                        step_time_p90_s=seconds * high,
                         memory_risk=risky,
                         num_micro_batches=job.training.num_micro_batches(parallel.dp, micro_batch_size),
                     )

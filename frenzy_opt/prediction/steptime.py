@@ -340,13 +340,19 @@ class StepTimeModel:
     def band(self, seconds: float, architecture: str | None = None) -> tuple[float, float]:
         """(p10, p90) of the step time given the point prediction, from the cross-validated residuals of
         the GPU's architecture when there are at least :data:`MIN_BAND_RUNS` of them, else of every run."""
+        low, high = self.band_factors(architecture)
+        return seconds * low, seconds * high
+
+    def band_factors(self, architecture: str | None = None) -> tuple[float, float]:
+        """The factors :meth:`band` multiplies the point prediction by, (p10, p90); (1.0, 1.0) without
+        residuals (a plan search reads them once per architecture instead of sorting the pool per plan)."""
         pool = self.residuals_by_architecture.get(architecture or "", ())
         if len(pool) < MIN_BAND_RUNS:
             pool = self.residuals
         if not pool:
-            return seconds, seconds
+            return 1.0, 1.0
         ordered = sorted(pool)
-        return seconds * math.exp(_quantile(ordered, 0.1)), seconds * math.exp(_quantile(ordered, 0.9))
+        return math.exp(_quantile(ordered, 0.1)), math.exp(_quantile(ordered, 0.9))
 
     def to_dict(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.init}
@@ -522,37 +528,96 @@ class StepTerms:
     def bubble_fraction(self) -> float:
         return (self.pp - 1) / (self.vpp * self.microbatches)
 
-    def evaluate(self, gpu: GpuType, links: Links, model: StepTimeModel) -> StepTime:
-        return evaluate_terms(self, gpu, links, model)
+    def evaluate(self, gpu: GpuType, links: Links, model: StepTimeModel, rates: GpuRates | None = None) -> StepTime:
+        return evaluate_terms(self, gpu, links, model, rates)
 
 
-def evaluate_terms(t: StepTerms, gpu: GpuType, links: Links, model: StepTimeModel) -> StepTime:
-    """Seconds of ``t`` on ``gpu`` with ``links`` (module docstring; kernels by
-    :mod:`frenzy_opt.prediction.kernels` on the GPU type's measured throughput)."""
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GpuRates:
+    """What :func:`evaluate_terms` reads of a GPU type and the model for one job (its format, runtime, head
+    dimension, sequence length and attention choice), whatever the parallel config: a plan search reads it
+    once per GPU type (:func:`gpu_rates`) instead of once per candidate."""
+
+    job: tuple[str, str, int, int, bool]
+    """(precision, runtime, head_dim, seq_len, eager) of the job it was read for."""
+    sixteen_tflops: float
+    """16-bit GEMM TFLOP/s at the fitted efficiency (eager attention, the output layer)."""
+    linear_tflops: float
+    """TFLOP/s of the linear layers' GEMMs (the fp8 rate where the job and the GPU run fp8)."""
+    fp8: bool
+    """The linear layers run fp8 (and pay its casts)."""
+    hbm_gbyte_s: float
+    out_bytes: float
+    flash: bool
+    """FlashAttention runs (the GPU has it and the job does not ask for eager attention)."""
+    flash_rate: float
+    """FLOP/s of FlashAttention at the fitted efficiencies (0 where it does not run)."""
+    elementwise_passes3: float
+    """Three times the fitted elementwise passes (forward and backward)."""
+    layer_overhead_s: float
+    microbatch_overhead_s: float
+
+
+def gpu_rates(
+    gpu: GpuType, model: StepTimeModel, *, precision: str, runtime: str, head_dim: int, seq_len: int, eager: bool
+) -> GpuRates:
+    """:class:`GpuRates` of ``gpu`` for a job (kernels by :mod:`frenzy_opt.prediction.kernels` on the GPU type's
+    measured throughput)."""
     rates = achievable(gpu)
-    efficiency = model.efficiency_of(gpu, t.precision) * model.per_runtime("gemm_efficiency", t.runtime)
-    sixteen_format = ("bf16" if gpu.bf16_tflops else "fp16") if t.precision == "fp8" else t.precision
+    efficiency = model.efficiency_of(gpu, precision) * model.per_runtime("gemm_efficiency", runtime)
+    sixteen_format = ("bf16" if gpu.bf16_tflops else "fp16") if precision == "fp8" else precision
     sixteen_tflops = rates.matmul(sixteen_format) * efficiency
+    fp8 = bool(precision == "fp8" and gpu.fp8_tflops)
+    linear_tflops = rates.matmul("fp8") * efficiency * model.fp8_efficiency if fp8 else sixteen_tflops
+    flash = gpu.architecture in FLASH_ARCHITECTURES and not eager
+    flash_rate = 0.0
+    if flash:
+        rate = kernels.flash_tflops(gpu, runtime, head_dim, seq_len, precision) * 1e12
+        flash_rate = rate * efficiency * model.per_runtime("attention_efficiency", runtime)
+    return GpuRates(
+        job=(precision, runtime, head_dim, seq_len, eager),
+        sixteen_tflops=sixteen_tflops,
+        linear_tflops=linear_tflops,
+        fp8=fp8,
+        hbm_gbyte_s=rates.hbm_gbyte_s,
+        out_bytes=4.0 if precision == "fp32" else 2.0,
+        flash=flash,
+        flash_rate=flash_rate,
+        elementwise_passes3=3 * model.per_runtime("elementwise_passes", runtime),
+        layer_overhead_s=model.per_runtime("layer_overhead_s", runtime),
+        microbatch_overhead_s=model.per_runtime("microbatch_overhead_s", runtime),
+    )
+
+
+def evaluate_terms(
+    t: StepTerms, gpu: GpuType, links: Links, model: StepTimeModel, rates: GpuRates | None = None
+) -> StepTime:
+    """Seconds of ``t`` on ``gpu`` with ``links`` (module docstring); ``rates``: :func:`gpu_rates` of ``gpu``
+    for ``t``'s job, read here when not given."""
+    if rates is None:
+        rates = gpu_rates(gpu, model, precision=t.precision, runtime=t.runtime, head_dim=t.head_dim,
+                          seq_len=t.seq_len, eager=t.eager)  # fmt: skip
+    assert rates.job == (t.precision, t.runtime, t.head_dim, t.seq_len, t.eager), "rates read for another job"
+    sixteen_tflops = rates.sixteen_tflops
     sixteen = sixteen_tflops * 1e12
-    if t.precision == "fp8" and gpu.fp8_tflops:
-        linear_tflops = rates.matmul("fp8") * efficiency * model.fp8_efficiency
+    linear_tflops = rates.linear_tflops
+    if rates.fp8:
         casts, operand = t.fp8_cast_bytes, t.operand_bytes
     else:
-        linear_tflops, casts, operand = sixteen_tflops, 0.0, max(t.operand_bytes, 2.0)
+        casts, operand = 0.0, max(t.operand_bytes, 2.0)
     hbm = rates.hbm_gbyte_s * 1e9
-    out_bytes = 4.0 if t.precision == "fp32" else 2.0
-    flash = gpu.architecture in FLASH_ARCHITECTURES and not t.eager
+    out_bytes = rates.out_bytes
+    flash = rates.flash
     if flash:
-        rate = kernels.flash_tflops(gpu, t.runtime, t.head_dim, t.seq_len, t.precision) * 1e12
-        attention = t.flash_flops / (rate * efficiency * model.per_runtime("attention_efficiency", t.runtime))
+        attention = t.flash_flops / rates.flash_rate
     else:
         attention = t.eager_flops / sixteen + t.eager_attention_bytes / hbm
     gemms = kernels.gemms_s(t.linear_gemms, gpu, linear_tflops, rates.hbm_gbyte_s, operand, out_bytes)
     layers = gemms + attention
-    layers += (3 * model.per_runtime("elementwise_passes", t.runtime) * t.elementwise_bytes + casts) / hbm
+    layers += (rates.elementwise_passes3 * t.elementwise_bytes + casts) / hbm
     # The host's dispatch cost per layer adds to the GPU's work: letting it overlap (a max of the two) fitted
     # worse, 28.2 % against 26.4 % leave one source out (measured with `frenzy calibrate`).
-    layers += t.layers * model.per_runtime("layer_overhead_s", t.runtime)
+    layers += t.layers * rates.layer_overhead_s
     output = kernels.gemms_s(t.output_gemms, gpu, sixteen_tflops, rates.hbm_gbyte_s, out_bytes, out_bytes)
     output += t.output_bytes / hbm
     optimizer = t.optimizer_bytes / hbm
@@ -586,7 +651,7 @@ def evaluate_terms(t: StepTerms, gpu: GpuType, links: Links, model: StepTimeMode
     p2p = p2p_s(links, t.pipeline_bytes, crosses, eff)
     if t.pp > 1:
         p2p += sends * (NETWORK_LATENCY_S if crosses else links.intra_node_latency_s)
-    overhead = model.per_runtime("microbatch_overhead_s", t.runtime)
+    overhead = rates.microbatch_overhead_s
     slots = t.microbatches + (t.pp - 1) / t.vpp
     dp_step = collective_s(links, t.dp_allreduce_bytes, t.dp_group, t.dp_stride, eff)
     dp_mb = collective_s(links, t.dp_microbatch_bytes, t.dp_group, t.dp_stride, eff)
@@ -614,6 +679,11 @@ def profiled_point(t: StepTerms, gpu: GpuType, model: StepTimeModel) -> ProfileP
     if not model.profiles or t.shape is None:
         return None
     return model.profiles.point(gpu.name, t.runtime, t.shape, t.tp, t.micro_batch_size)
+
+
+STEP_TERMS_CACHE = 8192
+"""Entries of :func:`cached_step_terms` (a design choice: more than the candidates with a plan in the largest
+benchmarked search, ``benchmarks/plan_enumeration.py`` at 4,096 GPUs per type; a few kB each)."""
 
 
 def step_terms(job: JobSpec) -> StepTerms:
@@ -669,6 +739,14 @@ def _gemms(linears: list[tuple[float, float, float, float]], layers: float, forw
         n = layers * alike
         out += [(tokens, fan_out, fan_in, n * forwards), (tokens, fan_in, fan_out, n), (fan_in, fan_out, tokens, n)]
     return tuple(out)
+
+
+@functools.lru_cache(maxsize=STEP_TERMS_CACHE)
+def cached_step_terms(arch: ModelArch, t: TrainingConfig, p: ParallelConfig) -> StepTerms:
+    """:func:`step_terms_of`, shared by every plan search of the process: the GPU groups of one search price
+    the same candidates (GPU types that differ only in their count or memory), and a search repeated for
+    the same job shape prices them again."""
+    return step_terms_of(arch, t, p)
 
 
 def step_terms_of(arch: ModelArch, t: TrainingConfig, p: ParallelConfig) -> StepTerms:

@@ -34,10 +34,11 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from frenzy_opt.core.spec import ParallelConfig
-from frenzy_opt.prediction.marp.allocator import MemEvent, replay
+from frenzy_opt.prediction.marp.allocator import CachingAllocatorModel, MemEvent
 
 MIB = 2**20
 
@@ -142,42 +143,94 @@ def stage_events(shape: StepShape, steps: int = 2) -> list[MemEvent]:
     the layer's activations freed), in that order. Layers beyond :data:`MAX_SLOTS` per micro-batch are
     merged into one event, which keeps the sizes' mix but not their number."""
     events: list[MemEvent] = []
+    phase = [""]
+
+    def alloc(block: int, size: int) -> None:
+        events.append(MemEvent("alloc", block, size, phase[0]))
+
+    def free(block: int) -> None:
+        events.append(MemEvent("free", block, 0, phase[0]))
+
+    def enter(name: str) -> None:
+        phase[0] = name
+
+    walk_stage(shape, steps, alloc, free, enter)
+    return events
+
+
+def walk_stage(
+    shape: StepShape,
+    steps: int,
+    alloc: Callable[[int, int], object],
+    free: Callable[[int], object],
+    enter: Callable[[str], object],
+) -> None:
+    """Call ``alloc(block, size)`` and ``free(block)`` for each event of :func:`stage_events`, in its order, and
+    ``enter(phase)`` before the first event of each run of one phase (as :func:`replay` calls ``set_phase``):
+    the one description of the trace, which :func:`allocator_reserve_bytes` feeds to the allocator model
+    without building the event list."""
+    current = ""
+
+    def phase(name: str) -> None:
+        nonlocal current
+        if name != current:
+            current = name
+            enter(name)
+
     block = 0
-
-    def alloc(size: int, phase: str) -> int:
-        nonlocal block
-        block += 1
-        events.append(MemEvent("alloc", block, size, phase))
-        return block
-
+    if shape.state_tensors:
+        phase("setup")
     for size in shape.state_tensors:
-        alloc(size, "setup")
+        block += 1
+        alloc(block, size)
     whole = math.floor(shape.in_flight)
     fractions = [1.0] * whole + ([shape.in_flight - whole] if shape.in_flight > whole else [])
     merge = max(1, math.ceil(shape.num_layers / MAX_SLOTS))
     slots = math.ceil(shape.num_layers / merge)
+    parts = [part * merge for part in shape.layer_parts if part > 0]
+    temporaries = [size for size in shape.peak_temporaries if size > 0]
+    transient = shape.backward_transient
     for _ in range(steps):
         live: list[list[int]] = []
         for fraction in fractions:
             layers = max(1, round(slots * fraction))
             for _layer in range(layers):
-                live.append([alloc(part * merge, "forward") for part in shape.layer_parts if part > 0])
-        temps = [alloc(size, "peak") for size in shape.peak_temporaries if size > 0]
+                blocks = []
+                if parts:
+                    phase("forward")
+                for size in parts:
+                    block += 1
+                    alloc(block, size)
+                    blocks.append(block)
+                live.append(blocks)
+        temps = []
+        if temporaries:
+            phase("peak")
+        for size in temporaries:
+            block += 1
+            alloc(block, size)
+            temps.append(block)
         for b in temps:
-            events.append(MemEvent("free", b, 0, "peak"))
+            free(b)
         for blocks in reversed(live):
-            transient = alloc(shape.backward_transient, "backward") if shape.backward_transient > 0 else None
+            if transient > 0 or blocks:
+                phase("backward")
+            if transient > 0:
+                block += 1
+                alloc(block, transient)
             for b in blocks:
-                events.append(MemEvent("free", b, 0, "backward"))
-            if transient is not None:
-                events.append(MemEvent("free", transient, 0, "backward"))
-    return events
+                free(b)
+            if transient > 0:
+                free(block)
 
 
 @functools.lru_cache(maxsize=4096)
 def allocator_reserve_bytes(shape: StepShape) -> int:
-    """Peak reserved minus peak allocated when the caching allocator model replays :func:`stage_events`."""
-    stats = replay(stage_events(shape))
+    """Peak reserved minus peak allocated when the caching allocator model replays :func:`stage_events`;
+    the trace goes straight into the model (:func:`walk_stage`), as :func:`replay` would feed it."""
+    model = CachingAllocatorModel()
+    walk_stage(shape, 2, model.malloc, model.free, model.set_phase)
+    stats = model.stats()
     return max(0, stats.peak_reserved_bytes - stats.peak_allocated_bytes)
 
 
