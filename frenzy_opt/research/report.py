@@ -303,11 +303,13 @@ def _bound_lines(runs: SeededRuns, payload: dict[str, dict[str, Any]]) -> list[s
             return ["", "Lower bound: the LP was not solved to optimality on every sample (no bound stated)."]
         return []
     values = [float(b) for b in bounds if b is not None]
+    slots = [e.bound.slots for e in runs.experiments if e.bound is not None]
     lines = [
         "",
         f"Lower bound on the average JCT of any policy, preemptive or not, knowing every arrival and true step "
-        f"time (LP relaxation, `solvers/jctbound.py`): {_h_ci(mean(values), ci95_half_width(values))}. "
-        "Each policy's mean distance above it, sample by sample:",
+        f"time (LP relaxation, `solvers/jctbound.py`): {_h_ci(mean(values), ci95_half_width(values))}, on "
+        f"{min(slots)}-{max(slots)} time slots (fewer slots, a looser bound). Each policy's mean distance above "
+        "it, sample by sample:",
         "",
         "| policy | above the bound |",
         "|---|---:|",
