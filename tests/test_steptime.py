@@ -84,7 +84,7 @@ def test_inter_node_all_reduce_moves_two_buffers_per_node_through_the_nics() -> 
     NICs; the old model charged every GPU a 1/8 share of one node's NICs, 8x too much for pure dp."""
     links = _links()
     nbytes = 2.6 * GB  # a 1.3B model's bf16 gradients
-    nic, intra = links.nic_gbyte_s * GB, links.intra_node_gbyte_s * GB
+    nic, intra = links.nic_bytes_s(), links.intra_node_bytes_s()  # wire x measured share (collectives.yaml)
     for nodes in (2, 4):
         n = 8 * nodes
         seconds = collective_s(links, nbytes, group=n, stride=1, efficiency=1.0)
@@ -105,7 +105,7 @@ def test_nvlink_domain_larger_than_a_node_keeps_collectives_on_nvlink() -> None:
     rack = replace(trays, nvlink_domain=72)
     nbytes = 4 * GB
     assert collective_s(rack, nbytes, 16, 1, 0.8) < collective_s(trays, nbytes, 16, 1, 0.8) / 2
-    ring = 2 * 15 / 16 * nbytes / (rack.intra_node_gbyte_s * GB * 0.8)
+    ring = 2 * 15 / 16 * nbytes / (rack.intra_node_gbyte_s * GB * rack.intra_node_share * 0.8)
     assert collective_s(rack, nbytes, 16, 1, 0.8) == pytest.approx(ring)
 
 
@@ -121,7 +121,10 @@ def test_links_come_from_the_topology_graph() -> None:
         }
     )  # fmt: skip
     h100 = links_for(cluster, "H100-SXM5-80GB")
-    assert h100 == Links(intra_node_gbyte_s=450.0, nic_gbyte_s=400.0, gpus_per_node=8, nvlink_domain=8)
+    gpu = lookup_gpu("H100-SXM5-80GB")
+    assert h100 == Links.for_gpu(gpu, inter_node_gbit_s=3200, nics_per_node=8, nvlink_domain=8)
+    assert (h100.intra_node_gbyte_s, h100.nic_gbyte_s, h100.domain) == (450.0, 400.0, 8)
+    assert (h100.intra_node_class, h100.nic_class) == ("nvlink4_h100_nvswitch", "ib_ndr_400g_8nic")
     b200 = links_for(cluster, "B200-SXM-180GB")
     assert (b200.nic_gbyte_s, b200.domain, b200.gpus_per_node) == (400.0, 72, 4)
     old = parse_cluster({"node_groups": [{"gpu": "T4", "gpus_per_node": 4}], "network": {"inter_node_gbps": 50}})

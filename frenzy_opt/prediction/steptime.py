@@ -59,9 +59,12 @@ intra-node bandwidth is half the bidirectional aggregate its spec sheet states; 
 rack) runs a ring over NVLink; one across nodes runs as NCCL would pick, the faster of a flat ring and a
 hierarchical all-reduce (intra-node reduce-scatter, inter-node ring, intra-node all-gather; NCCL's "NVLS/tree"
 family) -- in both a node pushes about ``2 (N - 1) / N`` times the buffer through its NICs for each of the
-groups it hosts (Patarasuk & Yuan 2009; NVIDIA nccl-tests PERFORMANCE.md, "bus bandwidth"). Collectives
-reach ``link_efficiency`` of the wire speed, but on PCIe boards without peer-to-peer (GeForce), where NCCL
-stages through host memory, the measured host-staged share (``topology.HOST_STAGED_FRACTION``); and every
+groups it hosts (Patarasuk & Yuan 2009; NVIDIA nccl-tests PERFORMANCE.md, "bus bandwidth"). Every link
+carries bytes at the share of its wire rate that nccl-tests measured for its link class -- the large-message
+all-reduce bus bandwidth over the per-direction rate (data/collectives.yaml, :mod:`frenzy_opt.hardware.
+collectives`: 0.78 on A100 NVLink3, 0.82 on H100 NVLink4 with NVLink SHARP off, 0.25 on PCIe boards without
+peer-to-peer, where NCCL stages through host memory, 0.96-0.98 on InfiniBand; a class without a measurement
+takes its nearest measured sibling's) -- times ``link_efficiency`` (1 unless a profile sets it); and every
 tensor-, context- or expert-parallel call and pipeline send first pays the link's measured small-message
 latency (:func:`latency_s`; nccl-tests figures in data/collectives.yaml), so the many small collectives of a
 small model or an MoE layer are not free.
@@ -91,9 +94,9 @@ from frenzy_opt.prediction.profiles import LayerProfile, LayerShape, ProfileInde
 
 __all__ = ["Links", "StepTerms", "StepTime", "StepTimeModel", "collective_s", "step_terms_of", "step_time"]
 
-# nccl-tests report bus bandwidths of about 80 % of the link rate for large messages (NVIDIA nccl-tests
-# PERFORMANCE.md; e.g. ~235 GB/s on A100 NVLink3's 300 GB/s per direction).
-LINK_EFFICIENCY = 0.8
+# A multiplier on the measured bus-bandwidth shares of the links (Links.intra_node_share, Links.nic_share,
+# from the nccl-tests figures of data/collectives.yaml): 1 = collectives run as nccl-tests measured them.
+LINK_EFFICIENCY = 1.0
 
 # The fraction of the kernel model's time a runtime's GEMMs reach (module docstring): 1 = as measured by
 # the throughput tables (data/kernel-throughput.yaml, :mod:`frenzy_opt.prediction.kernels`). The fit keeps
@@ -163,7 +166,8 @@ def _ring_factor(ranks: int) -> float:
 
 def collective_s(links: Links, nbytes: float, group: int, stride: int, efficiency: float) -> float:
     """Seconds of an all-reduce of ``nbytes`` per rank over ``group`` ranks whose consecutive members are
-    ``stride`` GPUs apart in the rank order (a reduce-scatter or all-gather is half of it).
+    ``stride`` GPUs apart in the rank order (a reduce-scatter or all-gather is half of it), each link at its
+    measured bus-bandwidth share times ``efficiency`` (``StepTimeModel.link_efficiency``).
 
     Inside one NVLink domain: a ring over the intra-node link. Across nodes: the faster of a flat ring (every
     ring link carries ``2 (n-1)/n`` of the buffer; a node's NICs carry that for each group it hosts) and a
@@ -174,7 +178,7 @@ def collective_s(links: Links, nbytes: float, group: int, stride: int, efficienc
     intra = links.intra_node_bytes_s(efficiency)
     if group * stride <= links.domain or links.nic_gbyte_s <= 0:
         return _ring_factor(group) * nbytes / intra
-    nic = links.nic_gbyte_s * 1e9 * efficiency
+    nic = links.nic_bytes_s(efficiency)
     per_node = max(1, min(group, links.gpus_per_node // max(stride, 1)))
     nodes = max(group // per_node, 1)
     groups_per_node = links.gpus_per_node / per_node
@@ -202,7 +206,7 @@ def p2p_s(links: Links, nbytes: float, crosses_nodes: bool, efficiency: float) -
     if nbytes <= 0:
         return 0.0
     if crosses_nodes and links.nic_gbyte_s > 0:
-        return nbytes / (links.nic_gbyte_s * 1e9 * efficiency / links.gpus_per_node)
+        return nbytes / (links.nic_bytes_s(efficiency) / links.gpus_per_node)
     return nbytes / links.intra_node_bytes_s(efficiency)
 
 
@@ -217,7 +221,7 @@ def all_to_all_s(links: Links, nbytes: float, group: int, stride: int, efficienc
         return intra
     per_node = max(1, min(group, links.gpus_per_node // max(stride, 1)))
     off_node = nbytes * (group - per_node) / group
-    return max(intra, off_node * links.gpus_per_node / (links.nic_gbyte_s * 1e9 * efficiency))
+    return max(intra, off_node * links.gpus_per_node / links.nic_bytes_s(efficiency))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -268,6 +272,10 @@ class StepTimeModel:
     (``"T4@fp16"``), GPU type (``"H100-SXM5-80GB"``), architecture (``"hopper"``) or ``"*"`` (every GPU);
     the most specific key wins, else :data:`DEFAULT_EFFICIENCY`."""
     link_efficiency: float = LINK_EFFICIENCY
+    """A multiplier on every link's measured bus-bandwidth share (:data:`LINK_EFFICIENCY`, 1: as nccl-tests
+    measured it); not fitted. Kept so stored profiles load: one written before the measured shares holds 0.8,
+    then the share of the wire itself, which read now discounts the measured share again -- refit it with
+    ``frenzy calibrate``."""
     fp8_efficiency: float = 1.0
     """fp8 GEMMs' fraction of the measured fp8 rate over the bf16 GEMMs' fraction of the bf16 rate."""
     elementwise_passes: dict[str, float] = field(default_factory=dict)

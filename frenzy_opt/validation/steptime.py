@@ -227,6 +227,7 @@ def links_of(interconnect: str, gpu: GpuType, gpus_per_node: int, intra: str) ->
     links = Links.for_gpu(
         gpu,
         inter_node_gbit_s=nics * nic_gbit_s,
+        nics_per_node=nics,
         gpus_per_node=gpus_per_node,
         intra_node=intra,
         nvlink_domain=domain,
