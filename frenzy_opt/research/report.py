@@ -477,7 +477,7 @@ def write_report(
     timing = ", ".join(f"`{name}` {s / 60:.1f} min" for name, s in report.timings)
     total = sum(s for _, s in report.timings)
     head = [
-        "# Policy comparison: frenzy vs fifo, sia, gavel and the offline optimum",
+        "# Policy comparison: frenzy vs fifo, sia, gavel, an offline CP-SAT schedule and a proven lower bound",
         "",
         f"Regenerate: `{command}`. Machine: {describe_machine()}. Wall time per section: {timing or 'none'} "
         f"(total {total / 60:.1f} min).",
