@@ -102,7 +102,7 @@ def scenario_load_ms(rounds: int = 3) -> dict[str, float]:
     """Least time over ``rounds`` to read a generated 512-job scenario file, per YAML loader."""
     import yaml
 
-    from frenzy_opt.core import yamlload
+    from frenzy_opt import yamlload
     from frenzy_opt.core.spec import load_mapping
 
     specs = [job_mapping(*SPECS[i % len(SPECS)]) for i in range(NUM_SCENARIO_JOBS)]

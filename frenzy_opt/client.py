@@ -24,8 +24,8 @@ import httpx
 
 from frenzy_opt.core.enums import ACTIVE_STATES, JobState
 from frenzy_opt.core.spec import load_mapping
-from frenzy_opt.core.yamlload import load_yaml
 from frenzy_opt.planning.scenario import resolve as resolve_file
+from frenzy_opt.yamlload import load_yaml
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 CONFIG_ENV = "FRENZY_CONFIG"

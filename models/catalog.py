@@ -7,8 +7,8 @@ from dataclasses import fields
 from importlib import resources
 from typing import Any
 
-from frenzy_opt.core.yamlload import load_yaml
 from frenzy_opt.models.arch import ModelArch
+from frenzy_opt.yamlload import load_yaml
 
 _ARCH_FIELDS = frozenset(f.name for f in fields(ModelArch))
 REQUIRED_ARCH_FIELDS = ("num_layers", "hidden_size", "ffn_hidden_size", "num_attention_heads", "vocab_size")

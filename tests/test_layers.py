@@ -18,6 +18,7 @@ FOLDERS = {
 # Packages by concept, lowest first; a module may import only its own layer or lower ones (docs/architecture.md).
 LAYERS = {
     "frenzy_opt.models": 0,
+    "frenzy_opt.yamlload": 0,
     "frenzy_opt.core": 1,
     "frenzy_opt.hardware": 2,
     "frenzy_opt.prediction": 3,

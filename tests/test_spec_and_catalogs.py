@@ -667,7 +667,7 @@ def test_scenario_job_errors_name_the_job() -> None:
 
 
 def test_yaml_files_read_with_the_c_loader_give_what_safe_load_gives() -> None:
-    from frenzy_opt.core.yamlload import FAST_LOADER, load_yaml
+    from frenzy_opt.yamlload import FAST_LOADER, load_yaml
 
     assert FAST_LOADER is getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     for name in shipped_names():

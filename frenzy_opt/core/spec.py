@@ -16,9 +16,9 @@ from typing import Any
 import yaml
 
 from frenzy_opt.core.enums import Precision, Recompute, Runtime
-from frenzy_opt.core.yamlload import load_yaml
 from frenzy_opt.models.arch import ModelArch
 from frenzy_opt.models.catalog import parse_model
+from frenzy_opt.yamlload import load_yaml
 
 PRECISIONS = tuple(member.value for member in Precision)
 OPTIMIZERS = ("adamw", "adam", "sgd", "adafactor")

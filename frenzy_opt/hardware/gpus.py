@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields
 from importlib import resources
 from typing import Any
 
-from frenzy_opt.core.yamlload import load_yaml
+from frenzy_opt.yamlload import load_yaml
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from frenzy_opt.core.yamlload import load_yaml
 from frenzy_opt.hardware.gpus import GpuType, load_gpus
+from frenzy_opt.yamlload import load_yaml
 
 FORMATS = ("bf16", "fp16", "fp8", "tf32", "fp32")
 
