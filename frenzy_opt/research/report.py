@@ -18,6 +18,7 @@ from typing import Any
 
 from frenzy_opt.core.machine import describe_machine
 from frenzy_opt.hardware.cluster import ClusterSpec
+from frenzy_opt.planning.scenario import load_scenario
 from frenzy_opt.research.compare import (
     DEFAULT_HOURS_SCENARIOS,
     DEFAULT_SENSITIVITY_POLICIES,
@@ -46,6 +47,7 @@ from frenzy_opt.research.experiment import (
 )
 from frenzy_opt.research.stats import PairedDifference, ci95_half_width, mean
 from frenzy_opt.simulation.simulator import Failures
+from frenzy_opt.simulation.tracemap import REQUEST_POLICIES, describe_requests
 from frenzy_opt.simulation.truth import SIA_TABLES, TruthKind, TruthSpec
 
 POLICY_TEXT = (
@@ -61,6 +63,7 @@ POLICY_TEXT = (
 )
 # The honest labels of the two kinds of workload (docs/simulator.md, Comparison protocol).
 LLM_LABEL = "synthetic LLM mix (Philly-mapped)"
+OWN_LABEL = "the scenario's own jobs"
 SIA_LABEL = "Sia's traces (profiled truth)"
 # The target of issue 12 that the summary checks: frenzy's average JCT at least 20 % below sia's, the paired
 # 95 % interval excluding zero, p99 no worse.
@@ -278,6 +281,7 @@ def report_section(
         f"± the Student-t 95 % half-width. Jobs built (workload mapped, plans searched) in {build:.1f} s over all "
         "samples; sim wall s is per sample; restarts per job pool every job of every sample.",
         "",
+        *_requests_line(runs, payload),
         *_metrics_table(payload, runs),
         *_versus_table(payload, runs),
     ]
@@ -290,6 +294,13 @@ def report_section(
         lines.append(f"![{path.stem}]({rel.as_posix()})")
     lines.append("")
     return lines
+
+
+def _requests_line(runs: SeededRuns, payload: dict[str, dict[str, Any]]) -> list[str]:
+    """What the request-running baselines were given (the first sample's jobs), when one of them ran."""
+    if not any(name.split(" ")[0] in REQUEST_POLICIES for name in payload):
+        return []
+    return [describe_requests([job.request for job in runs.first.jobs]) + " (the first sample's jobs).", ""]
 
 
 # --- sensitivity ---------------------------------------------------------------------------------------
@@ -376,13 +387,25 @@ class _Report:
             self.summary.append((name, len(runs.experiments), paired(runs, "frenzy", "sia")))
 
 
+def workload_label(scenario: str) -> str:
+    """Where a scenario's jobs come from: generated from the Philly distribution (its ``workload:`` section,
+    :data:`LLM_LABEL`), mapped from a trace file's jobs, or written in the scenario file (:data:`OWN_LABEL`)."""
+    workload = load_scenario(scenario).workload
+    if workload is None:
+        return OWN_LABEL
+    if workload.trace is not None:
+        return f"LLM jobs mapped from the trace {Path(workload.trace).name}"
+    return LLM_LABEL
+
+
 def _run_llm(setup: CompareSetup, report: _Report, scenarios: Sequence[str]) -> None:
     for name in scenarios:
         runs = run_seeds(
             name, setup.policies, seeds=setup.seeds, truth=setup.truth, progress=report.progress,
             skip_infeasible=True, bound=True,
         )  # fmt: skip
-        report.add(runs, f"{name} ({setup.truth.kind} truth)", label=f" — {LLM_LABEL}, {setup.truth.kind} truth")
+        label = f" — {workload_label(name)}, {setup.truth.kind} truth"
+        report.add(runs, f"{name} ({setup.truth.kind} truth)", label=label)
 
 
 def _run_failures(setup: CompareSetup, report: _Report) -> None:
