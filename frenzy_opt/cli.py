@@ -828,6 +828,13 @@ class _ProgressBar:
         if self.progress is not None:
             self.progress.stop()
 
+    def say(self, line: str) -> None:
+        """A line on stderr (above the bar when there is one)."""
+        if self.progress is not None:
+            self.progress.console.print(line)
+        else:
+            print(line, file=sys.stderr, flush=True)
+
     def __call__(self, policy: str, done: int, total: int) -> None:
         if self.progress is None:
             return
@@ -1145,7 +1152,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         )
     command = _compare_command(args, COMPARE_OPTIONS)
     with _ProgressBar(sys.stderr.isatty()) as bar:
-        out = write_report(setup, out, progress=bar, command=command)
+        out = write_report(setup, out, progress=bar, command=command, announce=bar.say)
     _emit(args, {"report": str(out)}, lambda console: console.print(f"wrote {out}"))
     return 0
 

@@ -77,11 +77,12 @@ def test_compare_writes_the_report_with_tables_figures_and_the_bound(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     out_path = tmp_path / "report.md"
-    code, _, _ = _run(
+    code, _, err = _run(
         capsys, "compare", "default", "--policy", "frenzy,fifo,cpsat-offline", "--out", str(out_path), "--no-failures",
         "--truth", "model", "--seeds", "1", "--no-profiled",
     )  # fmt: skip
     assert code == 0
+    assert "compare: section llm (1 of 1, 3 simulations) starts after" in err  # progress, not silence
     text = out_path.read_text(encoding="utf-8")
     assert "| frenzy |" in text and "| fifo |" in text and "| cpsat-offline |" in text
     # The proven lower bound, and every policy's distance above it.

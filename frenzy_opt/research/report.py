@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
@@ -475,12 +475,39 @@ def _summary(report: _Report) -> list[str]:
     return [*lines, ""]
 
 
+def planned_runs(setup: CompareSetup) -> dict[Section, int]:
+    """Simulations each section will run (samples x policies): the weights of the estimate of the time left
+    that :func:`write_report` announces."""
+    n = len(setup.policies)
+    files = sum(len(f) for _, f in setup.sia_sets)
+    return {
+        Section.LLM: len(setup.scenarios) * setup.seeds * n,
+        Section.FAILURES: setup.seeds * len([p for p in setup.policies if p != "cpsat-offline"]),
+        Section.PROFILED: setup.seeds * n,
+        Section.HOURS: len(setup.hours) * setup.seeds * n,
+        Section.SIA_TRACES: files * n,
+        Section.SENSITIVITY: setup.sensitivity_seeds * len(setup.variants) * len(setup.sensitivity_policies),
+    }
+
+
 def write_report(
-    setup: CompareSetup, out: Path, *, progress: Progress | None = None, command: str = "frenzy compare"
+    setup: CompareSetup,
+    out: Path,
+    *,
+    progress: Progress | None = None,
+    command: str = "frenzy compare",
+    announce: Callable[[str], None] | None = None,
 ) -> Path:
     """Run the setup's sections in order and write the Markdown report ``out`` (figures of the first sample
-    next to it, in ``<out stem>/``); the summary and each section's wall time open it."""
+    next to it, in ``<out stem>/``); the summary and each section's wall time open it. ``announce`` hears a
+    line as each section starts, with the time spent and an estimate of the time left (the time per
+    simulation so far times the simulations left; none before the first section ends)."""
     report = _Report(out=out, progress=progress)
+    weights = planned_runs(setup)
+    todo = [s for s in setup.sections if s not in dict(setup.skipped)]
+    total_runs = max(sum(weights[s] for s in todo), 1)
+    done_runs = 0
+    began = time.perf_counter()
     runners = {
         Section.LLM: lambda: _run_llm(setup, report, setup.scenarios),
         Section.FAILURES: lambda: _run_failures(setup, report),
@@ -495,7 +522,16 @@ def write_report(
             report.lines += [f"## Section `{section}` skipped", "", skipped[section], ""]
             continue
         started = time.perf_counter()
+        if announce is not None:
+            spent = started - began
+            left = f", about {spent / done_runs * (total_runs - done_runs) / 60:.0f} min left" if done_runs else ""
+            position = f"{todo.index(section) + 1} of {len(todo)}"
+            announce(
+                f"compare: section {section.value} ({position}, {weights[section]} simulations) starts after "
+                f"{spent / 60:.1f} min{left}"
+            )
         runners[section]()
+        done_runs += weights[section]
         report.timings.append((section.value, time.perf_counter() - started))
     timing = ", ".join(f"`{name}` {s / 60:.1f} min" for name, s in report.timings)
     total = sum(s for _, s in report.timings)
