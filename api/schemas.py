@@ -60,6 +60,7 @@ class ArchitectureIn(_Strict):
 class TrainingIn(_Strict):
     seq_len: int = Field(default=2048, ge=1, le=1_048_576)
     micro_batch_size: int = Field(default=1, ge=1, le=65_536)
+    pin_micro_batch: bool = False
     global_batch_size: int = Field(default=512, ge=1, le=16_777_216)
     train_steps: int = Field(default=1000, ge=1, le=100_000_000)
     precision: Precision = "bf16"
@@ -147,10 +148,18 @@ class PlanOut(BaseModel):
     memory_risk: bool = False
 
 
+class MicroBatchOut(BaseModel):
+    """Whether the plans keep the spec's micro-batch (``training.pin_micro_batch``) or searched it."""
+
+    pinned: bool
+    searched: list[int]
+
+
 class PlansOut(BaseModel):
     cluster: str
     num_plans: int
     min_gpus_per_type: dict[str, int]
+    micro_batch: MicroBatchOut
     plans: list[PlanOut]
 
 

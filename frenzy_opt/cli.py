@@ -21,12 +21,12 @@ from rich.progress import Progress, TaskID
 from rich.table import Table
 
 from frenzy_opt import __version__, client
-from frenzy_opt.core.spec import load_job
+from frenzy_opt.core.spec import JobSpec, load_job
 from frenzy_opt.hardware.gpus import load_gpus, resolve_gpu
 from frenzy_opt.models.catalog import load_catalog
 from frenzy_opt.planning.export import TARGETS as EXPORT_TARGETS
 from frenzy_opt.planning.export import load_placement, to_k8s, to_slurm
-from frenzy_opt.planning.plans import NoFeasiblePlan, PlanSearch, search_or_fail
+from frenzy_opt.planning.plans import NoFeasiblePlan, PlanSearch, micro_batch_summary, search_or_fail
 from frenzy_opt.planning.problem import (
     OptionCache,
     Schedule,
@@ -285,12 +285,23 @@ def _parallel_text(parallel: dict[str, Any]) -> str:
 # --- plan ----------------------------------------------------------------------------------------------
 
 
-def plans_payload(search: PlanSearch, top: int) -> dict[str, Any]:
-    return {
+def plans_payload(search: PlanSearch, top: int, job: JobSpec | None = None) -> dict[str, Any]:
+    payload = {
         "plans": [p.to_dict() for p in search.plans[:top]],
         "num_plans": len(search.plans),
         "min_gpus_per_type": search.min_gpus_per_type(),
     }
+    if job is not None:
+        payload["micro_batch"] = micro_batch_summary(job)
+    return payload
+
+
+def _micro_batch_line(job: JobSpec) -> str:
+    summary = micro_batch_summary(job)
+    if summary["pinned"]:
+        return f"micro-batch: pinned at {job.training.micro_batch_size} (training.pin_micro_batch: true)"
+    sizes = ", ".join(map(str, summary["searched"]))
+    return f"micro-batch: searched over {sizes} (training.pin_micro_batch: true keeps training.micro_batch_size)"
 
 
 def _plans_table(title: str, search: PlanSearch, top: int) -> Table:
@@ -344,7 +355,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         "job": job.name,
         "cluster": cluster.name,
         "calibration": args.calibration or "shipped",
-        **plans_payload(search, args.top),
+        **plans_payload(search, args.top, job),
     }
     text = None
     if args.export:
@@ -365,6 +376,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         )
         mins = ", ".join(f"{k}: {v}" for k, v in search.min_gpus_per_type().items())
         console.print(f"minimum GPUs per type: {mins}")
+        console.print(_micro_batch_line(job), highlight=False)
         console.print(
             "feasible = upper bound of device memory used + required headroom <= GPU memory; "
             "headroom column = memory left above the upper bound; step band = 10th-90th percentile from the "
@@ -684,7 +696,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     for job in scenario.jobs:
         try:
             search = search_or_fail(job.spec, scenario.cluster)
-            results.append({"id": job.id, "arrival_s": job.arrival_s, **plans_payload(search, args.top)})
+            results.append({"id": job.id, "arrival_s": job.arrival_s, **plans_payload(search, args.top, job.spec)})
         except NoFeasiblePlan as err:
             results.append({"id": job.id, "arrival_s": job.arrival_s, "plans": [], "error": str(err)})
     payload = {"scenario": scenario.name, "cluster": scenario.cluster.name, "jobs": results}
