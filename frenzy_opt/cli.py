@@ -181,7 +181,7 @@ def prediction_payload(prediction: MemoryPrediction) -> dict[str, Any]:
 
 def cmd_predict(args: argparse.Namespace) -> int:
     job = load_job(resolve(args.job))
-    gpu = resolve_gpu(args.gpu)
+    gpu = resolve_gpu(args.gpu, "--gpu")
     if args.micro_batch_size:
         job = job.with_parallel(job.parallel, micro_batch_size=args.micro_batch_size)
     prediction = predict_memory(job, gpu)

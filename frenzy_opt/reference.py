@@ -358,7 +358,14 @@ def gpu_sections() -> list[Section]:
             "The catalogue `frenzy catalog gpus` prints; TFLOPs are dense peaks, bandwidths decimal GB/s.",
             rows_of(GpuType, field_of_key={key: name for name, key in KEY_OF_FIELD.items()}),
         ),
-        Section("GPU types", "The names and aliases a cluster file's `gpu` accepts (case-insensitive).", names),
+        Section(
+            "GPU types",
+            "The names and aliases a cluster file's `gpu`, a scenario's `request.gpu_type` and `--gpu` accept (case-insensitive; "
+            "one resolver, `frenzy_opt.hardware.gpus.resolve_gpu`). Another name resolves when its words (split at "
+            "spaces, `-`, `_`) match one type's name or alias; a family name several parts share (`v100`, `a100`, "
+            "`h100`) is an error listing them.",
+            names,
+        ),
     ]
 
 
