@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from frenzy_opt.core.spec import ATTENTIONS, OPTIMIZERS, PRECISIONS, PRIORITY_RANGE, RECOMPUTES, RUNTIMES
 
@@ -115,6 +115,18 @@ class JobIn(_Strict):
         le=10,
         description="failed attempts retried; moves (preemption, a service restart) do not count",
     )
+
+    @field_validator("model")
+    @classmethod
+    def _no_file_paths(cls, value: Any) -> Any:
+        """A path to a Hugging Face config.json is the CLI's (``frenzy submit``/``plan`` read the file there and
+        send the architecture): the service reads no files a request names."""
+        if isinstance(value, str) and (value.endswith(".json") or "/" in value):
+            raise ValueError(
+                "model: a file path is read by the CLI, not the service; send a catalogue name or an inline "
+                "architecture (frenzy submit JOB reads a config.json path and sends its architecture)"
+            )
+        return value
 
     def spec_mapping(self) -> dict[str, Any]:
         """The contract-1 mapping :func:`frenzy_opt.core.spec.parse_job` reads."""

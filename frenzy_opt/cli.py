@@ -12,10 +12,11 @@ import json
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import yaml
 from rich.console import Console
 from rich.progress import Progress, TaskID
 from rich.table import Table
@@ -1264,6 +1265,29 @@ def cmd_reference(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_import(args: argparse.Namespace) -> int:
+    from frenzy_opt.formats import import_spec
+
+    if (args.file is None) == (args.args is None):
+        raise ValueError("import: give FILE, or for megatron --args='--num-layers ...' (not both)")
+    if args.args is not None and args.format != "megatron":
+        raise ValueError("import: --args is for megatron argument lists; give FILE")
+    result = import_spec(args.format, args.file, text=args.args, name=args.name, runtime=args.runtime,
+                         global_batch_size=args.global_batch_size, vocab_size=args.vocab_size)  # fmt: skip
+    text = yaml.safe_dump(result.spec, sort_keys=False)
+    if args.out:
+        Path(args.out).write_text(text, encoding="utf-8")
+    for note in result.notes:
+        sys.stderr.write(f"frenzy import: note: {note}\n")
+    payload = {"format": args.format, "source": args.file or "--args", "out": args.out, **asdict(result)}
+
+    def show(_: Console) -> None:
+        sys.stdout.write(f"wrote {args.out}\n" if args.out else text)
+
+    _emit(args, payload, show)
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from frenzy_opt.api.server import demo
 
@@ -1466,6 +1490,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--partition", help="slurm: the partition to submit to")
     p.add_argument("--image", default="frenzy-opt:latest", help="k8s: the container image with frenzy-opt")
     add("reference", "the field reference of job specs, cluster files and the GPU catalogue (Markdown)", cmd_reference)
+    p = add("import", "a job spec (contract 1) from a HF config.json, a torchtitan TOML or Megatron args", cmd_import)
+    p.add_argument("format", choices=("hf", "torchtitan", "megatron"))
+    p.add_argument("file", nargs="?", help="the file to read (local files only)")
+    p.add_argument("--args", help="megatron: the argument list as a string (--args='--num-layers 32 ...')")
+    p.add_argument("--out", help="write the spec here instead of stdout")
+    p.add_argument("--name", help="the job's name (default: from the source)")
+    p.add_argument("--runtime", help="hf: training.runtime of the spec (default: contract 1's)")
+    p.add_argument("--global-batch-size", type=int, help="training.global_batch_size (torchtitan's -1 needs it)")
+    p.add_argument("--vocab-size", type=int, help="megatron, torchtitan: the tokenizer's vocabulary size")
     p = add("demo", "the serverless flow in a minute: service, HTTP submissions, live decisions", cmd_demo)
     p.add_argument("scenario", nargs="?", default=DEFAULT_SCENARIO, help="scenario file or shipped name")
     p.add_argument("--time-scale", type=float, default=3600.0, help="cluster seconds per wall second (default 3600)")

@@ -360,10 +360,10 @@ def gpu_sections() -> list[Section]:
         ),
         Section(
             "GPU types",
-            "The names and aliases a cluster file's `gpu`, a scenario's `request.gpu_type` and `--gpu` accept (case-insensitive; "
-            "one resolver, `frenzy_opt.hardware.gpus.resolve_gpu`). Another name resolves when its words (split at "
-            "spaces, `-`, `_`) match one type's name or alias; a family name several parts share (`v100`, `a100`, "
-            "`h100`) is an error listing them.",
+            "The names and aliases a cluster file's `gpu`, a scenario's `request.gpu_type` and `--gpu` accept "
+            "(case-insensitive; one resolver, `frenzy_opt.hardware.gpus.resolve_gpu`). Another name resolves "
+            "when its words (split at spaces, `-`, `_`) match one type's name or alias; a family name several "
+            "parts share (`v100`, `a100`, `h100`) is an error listing them.",
             names,
         ),
     ]

@@ -19,6 +19,7 @@ from frenzy_opt.core.enums import Precision, Recompute, Runtime
 from frenzy_opt.core.runtimes import default_sequence_parallel, runtime_refusal
 from frenzy_opt.models.arch import ModelArch
 from frenzy_opt.models.catalog import parse_model
+from frenzy_opt.models.keys import unknown_keys_message
 from frenzy_opt.yamlload import load_yaml
 
 PRECISIONS = tuple(member.value for member in Precision)
@@ -391,7 +392,7 @@ def _section(data: dict[str, Any], key: str, cls: type) -> dict[str, Any]:
     allowed = {f.name for f in fields(cls)}
     unknown = sorted(set(section) - allowed)
     if unknown:
-        raise ValueError(f"{key}: unknown field(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
+        raise ValueError(unknown_keys_message(key, unknown, allowed))
     return {k: v.lower() if isinstance(v, str) else v for k, v in section.items()}
 
 
@@ -402,7 +403,7 @@ def parse_job(data: dict[str, Any]) -> JobSpec:
     allowed_top = {"name", "model", "training", "parallel", "scheduling", "id", "arrival_s", "weight"}
     unknown = sorted(set(data) - allowed_top)
     if unknown:
-        raise ValueError(f"job spec: unknown field(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed_top))}")
+        raise ValueError(unknown_keys_message("job spec", unknown, allowed_top))
     if "model" not in data:
         raise ValueError("model is required: a catalogue name or an inline architecture mapping")
     model = parse_model(data["model"])
@@ -444,7 +445,14 @@ def load_mapping(path: str | Path) -> dict[str, Any]:
 
 
 def load_job(path: str | Path) -> JobSpec:
-    return parse_job(load_mapping(path))
+    """The job spec of a file; a relative ``model:`` path (a Hugging Face config.json) is read beside the file
+    when it is there, else from the working directory."""
+    data = load_mapping(path)
+    model = data.get("model")
+    beside = isinstance(model, str) and (model.endswith(".json") or "/" in model) and not Path(model).is_absolute()
+    if beside and (Path(path).parent / str(model)).exists():
+        data["model"] = str(Path(path).parent / str(model))
+    return parse_job(data)
 
 
 def plan_layout(data: dict[str, Any]) -> tuple[ParallelConfig, int]:

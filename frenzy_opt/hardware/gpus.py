@@ -146,7 +146,6 @@ def resolve_gpu(name: str, field: str = "gpu") -> GpuType:
         return matches[0]
     if matches:
         raise ValueError(
-            f"{field}: {name!r} is ambiguous; it matches {', '.join(g.name for g in matches)} "
-            "(give one of these names)"
+            f"{field}: {name!r} is ambiguous; it matches {', '.join(g.name for g in matches)} (give one of these names)"
         )
     raise ValueError(f"{field}: unknown GPU type {name!r}; allowed: {', '.join(load_gpus())}")
