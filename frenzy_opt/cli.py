@@ -12,21 +12,22 @@ import json
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import yaml
 from rich.console import Console
 from rich.progress import Progress, TaskID
 from rich.table import Table
 
 from frenzy_opt import __version__, client
-from frenzy_opt.core.spec import load_job
+from frenzy_opt.core.spec import JobSpec, load_job
 from frenzy_opt.hardware.gpus import load_gpus, resolve_gpu
 from frenzy_opt.models.catalog import load_catalog
 from frenzy_opt.planning.export import TARGETS as EXPORT_TARGETS
 from frenzy_opt.planning.export import load_placement, to_k8s, to_slurm
-from frenzy_opt.planning.plans import NoFeasiblePlan, PlanSearch, search_or_fail
+from frenzy_opt.planning.plans import NoFeasiblePlan, PlanSearch, micro_batch_summary, search_or_fail
 from frenzy_opt.planning.problem import (
     OptionCache,
     Schedule,
@@ -182,7 +183,7 @@ def prediction_payload(prediction: MemoryPrediction) -> dict[str, Any]:
 
 def cmd_predict(args: argparse.Namespace) -> int:
     job = load_job(resolve(args.job))
-    gpu = resolve_gpu(args.gpu)
+    gpu = resolve_gpu(args.gpu, "--gpu")
     if args.micro_batch_size:
         job = job.with_parallel(job.parallel, micro_batch_size=args.micro_batch_size)
     prediction = predict_memory(job, gpu)
@@ -286,12 +287,23 @@ def _parallel_text(parallel: dict[str, Any]) -> str:
 # --- plan ----------------------------------------------------------------------------------------------
 
 
-def plans_payload(search: PlanSearch, top: int) -> dict[str, Any]:
-    return {
+def plans_payload(search: PlanSearch, top: int, job: JobSpec | None = None) -> dict[str, Any]:
+    payload = {
         "plans": [p.to_dict() for p in search.plans[:top]],
         "num_plans": len(search.plans),
         "min_gpus_per_type": search.min_gpus_per_type(),
     }
+    if job is not None:
+        payload["micro_batch"] = micro_batch_summary(job)
+    return payload
+
+
+def _micro_batch_line(job: JobSpec) -> str:
+    summary = micro_batch_summary(job)
+    if summary["pinned"]:
+        return f"micro-batch: pinned at {job.training.micro_batch_size} (training.pin_micro_batch: true)"
+    sizes = ", ".join(map(str, summary["searched"]))
+    return f"micro-batch: searched over {sizes} (training.pin_micro_batch: true keeps training.micro_batch_size)"
 
 
 def _plans_table(title: str, search: PlanSearch, top: int) -> Table:
@@ -345,7 +357,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         "job": job.name,
         "cluster": cluster.name,
         "calibration": args.calibration or "shipped",
-        **plans_payload(search, args.top),
+        **plans_payload(search, args.top, job),
     }
     text = None
     if args.export:
@@ -366,6 +378,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         )
         mins = ", ".join(f"{k}: {v}" for k, v in search.min_gpus_per_type().items())
         console.print(f"minimum GPUs per type: {mins}")
+        console.print(_micro_batch_line(job), highlight=False)
         console.print(
             "feasible = upper bound of device memory used + required headroom <= GPU memory; "
             "headroom column = memory left above the upper bound; step band = 10th-90th percentile from the "
@@ -685,7 +698,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     for job in scenario.jobs:
         try:
             search = search_or_fail(job.spec, scenario.cluster)
-            results.append({"id": job.id, "arrival_s": job.arrival_s, **plans_payload(search, args.top)})
+            results.append({"id": job.id, "arrival_s": job.arrival_s, **plans_payload(search, args.top, job.spec)})
         except NoFeasiblePlan as err:
             results.append({"id": job.id, "arrival_s": job.arrival_s, "plans": [], "error": str(err)})
     payload = {"scenario": scenario.name, "cluster": scenario.cluster.name, "jobs": results}
@@ -1270,6 +1283,29 @@ def cmd_reference(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_import(args: argparse.Namespace) -> int:
+    from frenzy_opt.formats import import_spec
+
+    if (args.file is None) == (args.args is None):
+        raise ValueError("import: give FILE, or for megatron --args='--num-layers ...' (not both)")
+    if args.args is not None and args.format != "megatron":
+        raise ValueError("import: --args is for megatron argument lists; give FILE")
+    result = import_spec(args.format, args.file, text=args.args, name=args.name, runtime=args.runtime,
+                         global_batch_size=args.global_batch_size, vocab_size=args.vocab_size)  # fmt: skip
+    text = yaml.safe_dump(result.spec, sort_keys=False)
+    if args.out:
+        Path(args.out).write_text(text, encoding="utf-8")
+    for note in result.notes:
+        sys.stderr.write(f"frenzy import: note: {note}\n")
+    payload = {"format": args.format, "source": args.file or "--args", "out": args.out, **asdict(result)}
+
+    def show(_: Console) -> None:
+        sys.stdout.write(f"wrote {args.out}\n" if args.out else text)
+
+    _emit(args, payload, show)
+    return 0
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from frenzy_opt.api.server import demo
 
@@ -1473,6 +1509,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--partition", help="slurm: the partition to submit to")
     p.add_argument("--image", default="frenzy-opt:latest", help="k8s: the container image with frenzy-opt")
     add("reference", "the field reference of job specs, cluster files and the GPU catalogue (Markdown)", cmd_reference)
+    p = add("import", "a job spec (contract 1) from a HF config.json, a torchtitan TOML or Megatron args", cmd_import)
+    p.add_argument("format", choices=("hf", "torchtitan", "megatron"))
+    p.add_argument("file", nargs="?", help="the file to read (local files only)")
+    p.add_argument("--args", help="megatron: the argument list as a string (--args='--num-layers 32 ...')")
+    p.add_argument("--out", help="write the spec here instead of stdout")
+    p.add_argument("--name", help="the job's name (default: from the source)")
+    p.add_argument("--runtime", help="hf: training.runtime of the spec (default: contract 1's)")
+    p.add_argument("--global-batch-size", type=int, help="training.global_batch_size (torchtitan's -1 needs it)")
+    p.add_argument("--vocab-size", type=int, help="megatron, torchtitan: the tokenizer's vocabulary size")
     p = add("demo", "the serverless flow in a minute: service, HTTP submissions, live decisions", cmd_demo)
     p.add_argument("scenario", nargs="?", default=DEFAULT_SCENARIO, help="scenario file or shipped name")
     p.add_argument("--time-scale", type=float, default=3600.0, help="cluster seconds per wall second (default 3600)")

@@ -23,7 +23,8 @@ from typing import Any
 import httpx
 
 from frenzy_opt.core.enums import ACTIVE_STATES, JobState
-from frenzy_opt.core.spec import load_mapping
+from frenzy_opt.core.spec import load_job, load_mapping
+from frenzy_opt.models.catalog import catalog_names
 from frenzy_opt.planning.scenario import resolve as resolve_file
 from frenzy_opt.yamlload import load_yaml
 
@@ -261,7 +262,11 @@ def _print(args: argparse.Namespace, payload: Any, text: Callable[[Any], str]) -
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    spec = load_mapping(resolve_file(args.job))
+    path = resolve_file(args.job)
+    spec = load_mapping(path)
+    if isinstance(spec.get("model"), str) and spec["model"].lower() not in catalog_names():
+        # A Hugging Face config.json path: read here, its architecture sent (the service reads no files).
+        spec["model"] = {k: v for k, v in load_job(path).model.to_dict().items() if v is not None}
     job = _client(args).submit(spec)
     _print(args, job, lambda j: f"submitted {j['id']} ({j['name']}): {j['state']} {_where(j)}".rstrip())
     return 0

@@ -20,6 +20,7 @@ LAYERS = {
     "frenzy_opt.models": 0,
     "frenzy_opt.yamlload": 0,
     "frenzy_opt.core": 1,
+    "frenzy_opt.formats": 1,
     "frenzy_opt.hardware": 2,
     "frenzy_opt.prediction": 3,
     "frenzy_opt.planning": 4,

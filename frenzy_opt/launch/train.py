@@ -70,7 +70,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from frenzy_opt.core.spec import JobSpec, ParallelConfig, parse_job, plan_layout
+from frenzy_opt.core.spec import JobSpec, ParallelConfig, check_runtime, parse_job, plan_layout
 from frenzy_opt.launch.executors.local import worker_supports
 from frenzy_opt.models.reference import ReferenceDecoder
 from frenzy_opt.prediction.marp.stages import chunk_layer_counts
@@ -100,6 +100,10 @@ def check_plan(job: JobSpec, parallel: ParallelConfig, micro_batch_size: int, wo
     reason = worker_supports(parallel, job.model, num_micro)
     if reason is not None:
         raise ValueError(f"train: the worker runs {SUPPORTED}; not {reason}")
+    try:  # the job's runtime's row of frenzy_opt.core.runtimes.CAPABILITIES: what the job asked to run on
+        check_runtime(job.training, parallel)
+    except ValueError as err:
+        raise ValueError(f"train: {err}") from None
     if parallel.num_gpus != world:
         raise ValueError(f"train: plan needs dp x tp x pp = {parallel.num_gpus} ranks, torchrun started {world}")
     arch = job.model

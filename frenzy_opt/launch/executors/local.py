@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from frenzy_opt.core.machine import free_port
+from frenzy_opt.core.runtimes import WORKER
 from frenzy_opt.core.spec import JobSpec, ParallelConfig
 from frenzy_opt.hardware.gpus import lookup_gpu
 from frenzy_opt.launch.executors import ExitInfo, Launch, LogChunk, OnExit, OnReport, attempt_log, read_chunk
@@ -55,7 +56,7 @@ def worker_supports(parallel: ParallelConfig, arch: ModelArch, num_micro_batches
     equal to the number of stages"); interleaved plans already have a multiple of pp (the planner's rule)."""
     if num_micro_batches is not None and parallel.pp > 1 and num_micro_batches < parallel.pp:
         return f"pp={parallel.pp} with {num_micro_batches} micro-batch(es) per step (1F1B needs at least pp)"
-    if parallel.cp != 1 or parallel.ep != 1:
+    if (parallel.cp > 1 and not WORKER.cp) or (parallel.ep > 1 and not WORKER.ep):
         return f"cp={parallel.cp}, ep={parallel.ep}"
     if parallel.sequence_parallel and (parallel.pp > 1 or arch.vocab_size % parallel.tp or arch.tied_embeddings):
         return "sequence_parallel with pp > 1, tied embeddings or a vocabulary tp does not divide"
