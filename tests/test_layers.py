@@ -90,6 +90,19 @@ def test_nothing_imports_upward() -> None:
     assert not violations
 
 
+def test_a_training_rank_loads_no_planner() -> None:
+    """The worker's room (launch/worker) loads what a rank needs: not the planner, MARP, the step-time model,
+    the solvers or networkx (every torchrun rank imports it)."""
+    code = (
+        "import sys, frenzy_opt.launch.worker.train\n"
+        "heavy = ('frenzy_opt.planning', 'frenzy_opt.prediction', 'frenzy_opt.solvers', 'frenzy_opt.launch.executors',"
+        " 'networkx')\n"
+        "print(','.join(sorted(m for m in sys.modules if m.startswith(heavy))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == ""
+
+
 def test_the_service_loads_no_offline_solver() -> None:
     """The orchestrator and the app use the greedy alone: OR-Tools, PuLP, HiGHS and the baselines stay out."""
     code = (

@@ -95,7 +95,7 @@ def test_a_pinned_field_outside_the_row_is_refused_naming_the_runtime(
 
 def test_the_worker_refuses_a_plan_its_jobs_runtime_cannot_run() -> None:
     pytest.importorskip("torch")
-    from frenzy_opt.launch.train import check_plan
+    from frenzy_opt.launch.worker.train import check_plan
 
     job = _job("hf", "gpt3-125m", seq_len=256, global_batch_size=8)
     with pytest.raises(ValueError, match=r"train: parallel\.tp 2 is not available with training\.runtime hf"):

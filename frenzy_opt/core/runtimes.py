@@ -141,7 +141,7 @@ CAPABILITIES: dict[Runtime, RuntimeCapabilities] = {
 """The capability table, one row per :class:`Runtime` (sources in the module docstring)."""
 
 WORKER = RuntimeCapabilities(
-    description="frenzy's training worker, frenzy_opt.launch.train",
+    description="frenzy's training worker, frenzy_opt.launch.worker.train",
     tp=True,
     sequence_parallel="optional",
     pp=True,
@@ -153,7 +153,7 @@ WORKER = RuntimeCapabilities(
     fp8=False,
 )
 """What the worker implements whatever the job's runtime (the reference decoder in PyTorch: DTensor tp,
-``torch.distributed.pipelining``, DDP / ZeroRedundancyOptimizer / FSDP2; :mod:`frenzy_opt.launch.train`); it
+``torch.distributed.pipelining``, DDP / ZeroRedundancyOptimizer / FSDP2; :mod:`frenzy_opt.launch.worker.train`); it
 runs a plan only where both its runtime's row and this one allow it. fp8 jobs run at 16 bits there."""
 
 

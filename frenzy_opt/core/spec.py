@@ -142,7 +142,7 @@ class ParallelConfig:
     first_stage_layers: int | None = None
     """Megatron-core only: transformer layers on the first pipeline stage (``--decoder-first-pipeline-num-
     layers``); the stages without a fixed count share the rest evenly. None: the runtime's own split
-    (:func:`frenzy_opt.prediction.marp.stages.chunk_layer_counts`)."""
+    (:func:`frenzy_opt.core.partition.chunk_layer_counts`)."""
     last_stage_layers: int | None = None
     """Megatron-core only: transformer layers on the last pipeline stage (``--decoder-last-pipeline-num-
     layers``)."""

@@ -27,6 +27,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from frenzy_opt.core.enums import Precision, Recompute
+from frenzy_opt.core.partition import chunk_layer_counts, split_rule
 from frenzy_opt.core.runtimes import capabilities
 from frenzy_opt.core.spec import (
     PARALLEL_FIELDS,
@@ -62,7 +63,7 @@ from frenzy_opt.prediction.marp.predictor import (
     stage_bound,
     stage_model_of,
 )
-from frenzy_opt.prediction.marp.stages import chunk_layer_counts, in_flight_layer_microbatches, split_rule
+from frenzy_opt.prediction.marp.stages import in_flight_layer_microbatches
 from frenzy_opt.prediction.steptime import (
     FLASH_ARCHITECTURES,
     StepTimeModel,

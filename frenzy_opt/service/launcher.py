@@ -25,7 +25,8 @@ from frenzy_opt.core.spec import JobSpec
 from frenzy_opt.hardware.cluster import ClusterSpec
 from frenzy_opt.hardware.topology import Topology
 from frenzy_opt.launch.executors import make_executor
-from frenzy_opt.launch.executors.local import LocalExecutor, device_problem, plan_supported, worker_supports
+from frenzy_opt.launch.executors.local import LocalExecutor, device_problem, plan_supported
+from frenzy_opt.launch.worker.support import worker_supports
 from frenzy_opt.planning.plans import DEFAULT_STEP_MODEL
 from frenzy_opt.planning.problem import OptionCache, SchedulingProblem, no_option_message, problem_job
 from frenzy_opt.prediction.steptime import StepTimeModel
@@ -152,7 +153,7 @@ def decided_placement(
         plan = unfiltered[0].plan
         why = worker_supports(plan.parallel, spec.model, plan.num_micro_batches)
         raise ValueError(
-            f"job {spec.name}: nothing to export, the training worker (frenzy_opt.launch.train) runs none of "
+            f"job {spec.name}: nothing to export, the training worker (frenzy_opt.launch.worker.train) runs none of "
             f"its plans on {cluster.name}; it does not run {why}"
         )
     state = GreedyState(SchedulingProblem(topology=topology, jobs=()))

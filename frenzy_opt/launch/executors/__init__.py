@@ -5,8 +5,8 @@ end through the ``on_exit`` callback (from any thread), stops it on request (:me
 says which jobs it is still running (:meth:`Executor.running`) so that the orchestrator can reconcile after
 a restart. Executors: ``simulated`` (:mod:`frenzy_opt.launch.executors.simulated`, time scaled, the embedded
 default), ``local`` (:mod:`frenzy_opt.launch.executors.local`, torchrun processes running
-:mod:`frenzy_opt.launch.train`) and ``ray`` (:mod:`frenzy_opt.launch.executors.ray`, a placement group and one actor per
-rank; ``RAY_ADDRESS`` names the cluster). The protocol is :class:`frenzy_opt.core.protocols.Executor`:
+:mod:`frenzy_opt.launch.worker.train`) and ``ray`` (:mod:`frenzy_opt.launch.executors.ray`, a placement group
+and one actor per rank; ``RAY_ADDRESS`` names the cluster). The protocol is :class:`frenzy_opt.core.protocols.Executor`:
 besides launching it says which plans it can run (``supports``: the planner offers only those), whether a
 stopped attempt resumes (``preemptible``) and takes over runs that survived a restart (``adopt``).
 
@@ -93,7 +93,7 @@ def attempt_log(workdir: Path, job_id: str, attempt: int) -> Path:
 
 OnExit = Callable[[str, int, ExitInfo], None]
 OnReport = Callable[[str, int, dict[str, Any]], None]
-"""A worker report of a running attempt (one JSON object per step, see :mod:`frenzy_opt.launch.train`)."""
+"""A worker report of a running attempt (one JSON object per step, see :mod:`frenzy_opt.launch.worker.train`)."""
 
 
 EXECUTORS: Registry[Executor] = Registry("executor")

@@ -1,5 +1,5 @@
 """The local executor: a placement becomes torchrun processes on this machine running the training worker
-(:mod:`frenzy_opt.launch.train`).
+(:mod:`frenzy_opt.launch.worker.train`).
 
 One process per GPU of the placement (per CPU slot for the catalogue's CPU slot type; a GPU type runs on
 CUDA devices only, never silently on the CPU: :func:`device_problem`). A placement inside one node
@@ -38,35 +38,13 @@ from pathlib import Path
 from typing import Any
 
 from frenzy_opt.core.machine import free_port
-from frenzy_opt.core.runtimes import WORKER
-from frenzy_opt.core.spec import JobSpec, ParallelConfig
+from frenzy_opt.core.spec import JobSpec
 from frenzy_opt.hardware.gpus import lookup_gpu
 from frenzy_opt.launch.executors import ExitInfo, Launch, LogChunk, OnExit, OnReport, attempt_log, read_chunk
+from frenzy_opt.launch.worker.support import worker_supports
 from frenzy_opt.models.arch import ModelArch
 from frenzy_opt.planning.plans import Plan
 from frenzy_opt.planning.problem import PlanFilter
-
-
-def worker_supports(parallel: ParallelConfig, arch: ModelArch, num_micro_batches: int | None = None) -> str | None:
-    """Why the training worker cannot run this plan, or None if it can (mirrors ``train.check_plan``).
-
-    ``num_micro_batches`` (per step and dp rank; None: not known) is checked against the pipeline schedule:
-    the worker runs 1F1B through ``torch.distributed.pipelining.Schedule1F1B``, which refuses fewer
-    micro-batches than pipeline stages (its ``__init__``: "Number of microbatches ... must be greater than or
-    equal to the number of stages"); interleaved plans already have a multiple of pp (the planner's rule)."""
-    if num_micro_batches is not None and parallel.pp > 1 and num_micro_batches < parallel.pp:
-        return f"pp={parallel.pp} with {num_micro_batches} micro-batch(es) per step (1F1B needs at least pp)"
-    if (parallel.cp > 1 and not WORKER.cp) or (parallel.ep > 1 and not WORKER.ep):
-        return f"cp={parallel.cp}, ep={parallel.ep}"
-    if parallel.sequence_parallel and (parallel.pp > 1 or arch.vocab_size % parallel.tp or arch.tied_embeddings):
-        return "sequence_parallel with pp > 1, tied embeddings or a vocabulary tp does not divide"
-    if arch.is_moe:
-        return "mixture-of-experts models (model.num_experts > 1)"
-    if parallel.pp > 1 and arch.tied_embeddings:
-        return "tied embeddings with pp > 1"
-    if parallel.zero_stage == 1 and (parallel.tp > 1 or parallel.pp > 1):
-        return "zero_stage 1 with tp or pp > 1"
-    return None
 
 
 def device_problem(gpu_type: str, gpus_per_node: int, cpu: bool | None = None) -> str | None:
@@ -211,7 +189,7 @@ class LocalExecutor:
                 else:
                     command += [f"--nnodes={nnodes}", f"--node-rank={node_rank}", "--rdzv-backend=c10d"]
                     command += [f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={launch.job_id}-{launch.attempt}"]
-                command += ["-m", "frenzy_opt.launch.train", "--job", "job.json", "--plan", "plan.json"]
+                command += ["-m", "frenzy_opt.launch.worker.train", "--job", "job.json", "--plan", "plan.json"]
                 command += ["--steps", str(steps), "--report", str(report)]
                 command += ["--checkpoint-dir", "checkpoints", "--checkpoint-every", str(self.checkpoint_every)]
                 if not cuda:
@@ -373,7 +351,7 @@ def _read(path: Path) -> list[dict[str, Any]]:
 
 def _ended(records: list[dict[str, Any]]) -> bool:
     """Whether a report ends with the worker's ``end`` record (written after the last step by
-    :mod:`frenzy_opt.launch.train`)."""
+    :mod:`frenzy_opt.launch.worker.train`)."""
     return bool(records) and records[-1].get("event") == "end"
 
 

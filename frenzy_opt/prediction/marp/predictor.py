@@ -22,6 +22,7 @@ import functools
 import math
 from dataclasses import dataclass, field, replace
 
+from frenzy_opt.core.partition import chunk_layer_counts, split_rule
 from frenzy_opt.core.spec import JobSpec, ParallelConfig, TrainingConfig
 from frenzy_opt.hardware.gpus import GpuType
 from frenzy_opt.models.arch import ModelArch, layer_weight_shapes, shard_param_counts
@@ -29,7 +30,7 @@ from frenzy_opt.prediction.marp import activations as act
 from frenzy_opt.prediction.marp import bound
 from frenzy_opt.prediction.marp.fit import SHIPPED_FIT, MemoryFit
 from frenzy_opt.prediction.marp.layout import StateLayout, state_layout
-from frenzy_opt.prediction.marp.stages import chunk_layer_counts, in_flight_layer_microbatches, split_rule
+from frenzy_opt.prediction.marp.stages import in_flight_layer_microbatches
 
 MIB = 2**20
 
