@@ -125,7 +125,7 @@ def test_plan_export_is_the_schedulers_choice_written_as_frenzy_export_writes_it
 ) -> None:
     from frenzy_opt.core.spec import load_job
     from frenzy_opt.hardware.topology import Topology
-    from frenzy_opt.launch.executors.local import plan_supported
+    from frenzy_opt.launch.executors.common import plan_supported
     from frenzy_opt.planning.export import gres_type
     from frenzy_opt.planning.problem import OptionCache
     from frenzy_opt.planning.scenario import load_cluster_ref, resolve

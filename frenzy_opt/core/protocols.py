@@ -74,6 +74,10 @@ class Executor(Protocol):
     def adopt(self, job_id: str, attempt: int, on_exit: OnExit) -> None:
         """Take over a run that :meth:`running` listed after a restart; its end comes through ``on_exit``."""
 
+    def placement_problem(self, gpu_type: str, gpus_per_node: int) -> str | None:
+        """Why it cannot run ``gpus_per_node`` ranks of ``gpu_type`` per node where it runs (e.g. this machine
+        has no such GPU), or None if it can; ``frenzy launch`` refuses a job none of whose plans it can place."""
+
     def read_log(self, job_id: str, attempt: int, offset: int | None, limit: int) -> LogChunk | None:
         """At most ``limit`` bytes of the attempt's output from ``offset`` (None: its last ``limit`` bytes),
         while it runs and after; None if the attempt left none."""

@@ -28,7 +28,6 @@ import json
 import os
 import re
 import signal
-import statistics
 import subprocess
 import sys
 import threading
@@ -38,10 +37,9 @@ from pathlib import Path
 from typing import Any
 
 from frenzy_opt.core.machine import free_port
-from frenzy_opt.core.spec import JobSpec
 from frenzy_opt.hardware.gpus import lookup_gpu
 from frenzy_opt.launch.executors import ExitInfo, Launch, LogChunk, OnExit, OnReport, attempt_log, read_chunk
-from frenzy_opt.launch.worker.support import worker_supports
+from frenzy_opt.launch.executors.common import job_plan_supported, plan_supported, prepare_run, summarize
 from frenzy_opt.models.arch import ModelArch
 from frenzy_opt.planning.plans import Plan
 from frenzy_opt.planning.problem import PlanFilter
@@ -68,29 +66,6 @@ def device_problem(gpu_type: str, gpus_per_node: int, cpu: bool | None = None) -
     return None
 
 
-def plan_supported(plan: Plan, arch: ModelArch) -> bool:
-    """The executors' ``supports``: whether the training worker runs ``plan`` (:func:`worker_supports`)."""
-    return worker_supports(plan.parallel, arch, plan.num_micro_batches) is None
-
-
-def job_plan_supported(plan: Plan, job: JobSpec) -> bool:
-    """:func:`plan_supported` for the job's model: the executors' ``plan_filter`` (picklable, for plan
-    searches in a worker process)."""
-    return plan_supported(plan, job.model)
-
-
-def prepare_run(workdir: Path, launch: Launch, max_steps: int | None) -> tuple[Path, int]:
-    """The attempt's run folder ``workdir/<job>/`` with the worker's ``job.json`` and ``plan.json`` (a previous
-    attempt's report removed, its checkpoints kept), and the steps to train."""
-    job_dir = workdir / launch.job_id
-    job_dir.mkdir(parents=True, exist_ok=True)
-    (job_dir / "job.json").write_text(json.dumps(launch.spec.to_mapping()), encoding="utf-8")
-    (job_dir / "plan.json").write_text(json.dumps(launch.option.plan.to_dict()), encoding="utf-8")
-    (job_dir / "report.jsonl").unlink(missing_ok=True)
-    steps = launch.spec.training.train_steps
-    return job_dir, steps if max_steps is None else min(max_steps, steps)
-
-
 @dataclass(slots=True)
 class _Attempt:
     job_id: str
@@ -101,26 +76,6 @@ class _Attempt:
     pgids: list[int] = field(default_factory=list)
     devices: dict[str, list[int]] = field(default_factory=dict)
     cancelled: bool = False
-
-
-def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """What a run measured, from its report lines: steps, first/last loss, median step time (the first
-    step excluded when there are others: it includes warm-up), tokens/s, per-rank peak memory."""
-    steps = [r for r in records if r.get("event") == "step"]
-    memory = [r for r in records if r.get("event") == "memory"]
-    times = [r["step_time_s"] for r in steps]
-    steady = times[1:] if len(times) > 1 else times
-    out: dict[str, Any] = {"steps_run": len(steps)}
-    if steps:
-        out |= {
-            "loss_first": steps[0]["loss"],
-            "loss_last": steps[-1]["loss"],
-            "step_time_s": statistics.median(steady),
-            "tokens_per_s": statistics.median(r["tokens_per_s"] for r in steps[1:] or steps),
-        }
-    if memory:
-        out |= {"peak_memory_bytes": memory[-1]["peak_memory_bytes"], "memory_source": memory[-1]["source"]}
-    return out
 
 
 class LocalExecutor:
@@ -156,6 +111,10 @@ class LocalExecutor:
 
     def plan_filter(self) -> PlanFilter:
         return job_plan_supported
+
+    def placement_problem(self, gpu_type: str, gpus_per_node: int) -> str | None:
+        """Why this machine cannot run ``gpus_per_node`` ranks of ``gpu_type`` (:func:`device_problem`)."""
+        return device_problem(gpu_type, gpus_per_node, self.cpu)
 
     def read_log(self, job_id: str, attempt: int, offset: int | None, limit: int) -> LogChunk | None:
         """The attempt's ``attempt-N.log``: every rank's stdout and stderr, as torchrun writes them."""

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from frenzy_opt.launch.executors import ExitInfo, Launch, LogChunk, OnExit, OnReport, attempt_log, read_chunk
-from frenzy_opt.launch.executors.local import job_plan_supported, plan_supported, prepare_run, summarize
+from frenzy_opt.launch.executors.common import job_plan_supported, plan_supported, prepare_run, summarize
 from frenzy_opt.models.arch import ModelArch
 from frenzy_opt.planning.plans import Plan
 from frenzy_opt.planning.problem import PlanFilter
@@ -111,6 +111,10 @@ class RayExecutor:
 
     def plan_filter(self) -> PlanFilter:
         return job_plan_supported
+
+    def placement_problem(self, gpu_type: str, gpus_per_node: int) -> str | None:
+        """None: the Ray cluster's own resources decide (a placement group waits until its bundles fit)."""
+        return None
 
     def read_log(self, job_id: str, attempt: int, offset: int | None, limit: int) -> LogChunk | None:
         """The attempt's ``attempt-N.log`` in the run folder: every rank's output, each line marked

@@ -149,6 +149,10 @@ class SimulatedExecutor:
         """None: it supports every plan."""
         return None
 
+    def placement_problem(self, gpu_type: str, gpus_per_node: int) -> str | None:
+        """None: simulated GPUs are wherever the cluster file says."""
+        return None
+
     def adopt(self, job_id: str, attempt: int, on_exit: OnExit) -> None:
         """Never called after a restart (runs live in this process only, so :meth:`running` lists none of an
         earlier service's); a direct call reports the run lost."""
