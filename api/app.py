@@ -43,8 +43,9 @@ class ServiceConfig:
     executor: Executor
     tenants: TenantConfig = field(default_factory=TenantConfig)
     time_scale: float = 1.0
-    decision_wait_s: float = 0.25
-    """How long a submission waits for the scheduler's first decision on it before answering."""
+    decision_wait_s: float = 0.0
+    """How long a submission without ``?wait`` waits for the scheduler's first decision on it before answering
+    (0: it is answered once stored, the decision follows)."""
     max_body_bytes: int = MAX_BODY_BYTES
     calibration: str | None = None
     """A step-time calibration profile (:mod:`frenzy_opt.prediction.calibrations`): plans use it, the closed loop

@@ -42,7 +42,7 @@ def build_config(
     tokens: str | None = None,
     time_scale: float = 1.0,
     fail_rate: float = 0.0,
-    decision_wait_s: float = 0.25,
+    decision_wait_s: float = 0.0,
     workdir: str = "frenzy-runs",
     calibration: str | None = None,
     create: bool = True,

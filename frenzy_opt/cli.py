@@ -1407,7 +1407,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-scale", type=float, default=1.0, help="simulated executor: cluster seconds per second")
     p.add_argument("--fail-rate", type=float, default=0.0, help="simulated executor: fraction of attempts that fail")
     p.add_argument(
-        "--decision-wait-s", type=float, default=0.25, help="how long a submission waits for its first decision"
+        "--decision-wait-s",
+        type=float,
+        default=0.0,
+        help="how long a submission without ?wait waits for its first decision (0: answered once stored)",
     )
     from frenzy_opt.api.httplimits import DEFAULT_LIMITS as HTTP  # HTTP limits: docs/service.md
 
