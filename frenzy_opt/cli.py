@@ -1169,6 +1169,7 @@ def db_url(text: str) -> str:
 def cmd_serve(args: argparse.Namespace) -> int:
     from frenzy_opt.api.httplimits import HttpLimits
     from frenzy_opt.api.server import build_config, serve
+    from frenzy_opt.api.workers import MAX_WORKERS, WorkerSettings
 
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
@@ -1190,7 +1191,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
         calibration=args.calibration,
         create=args.create,
     )
-    serve(config, args.host, args.port, limits)
+    if not 1 <= args.workers <= MAX_WORKERS:
+        raise ValueError(f"--workers must be in [1, {MAX_WORKERS}], got {args.workers}")
+    workers = WorkerSettings(
+        db_url=config.db_url,
+        cluster=args.cluster,
+        executor=args.executor,
+        tokens=args.tokens,
+        scheduler_url="",
+        parent_pid=0,
+    )
+    serve(config, args.host, args.port, limits, workers, args.workers)
     return 0
 
 
@@ -1406,6 +1417,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokens", help="tokens/tenants/quotas file (YAML or JSON); none: single-tenant local mode")
     p.add_argument("--time-scale", type=float, default=1.0, help="simulated executor: cluster seconds per second")
     p.add_argument("--fail-rate", type=float, default=0.0, help="simulated executor: fraction of attempts that fail")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="API worker processes in front of the scheduler (1: the scheduler's process serves the API)",
+    )
     p.add_argument(
         "--decision-wait-s",
         type=float,

@@ -77,7 +77,7 @@ async def submit(
     Re-posting with the same `Idempotency-Key` returns the same job. A job shape the scheduler has not
     planned yet costs a plan search, charged to your plan-search limits (429 with `Retry-After` over them)."""
     spec, mapping = parse_spec(body)
-    service.writable()
+    service.writable(file=False)  # the file's identity is checked by the write (a system call per request)
     request_hash = hashlib.sha256(
         json.dumps([mapping, body.weight, body.max_retries], sort_keys=True).encode()
     ).hexdigest()
@@ -101,7 +101,7 @@ async def submit(
         predicted=None,
     )
     try:  # committed with the concurrent submissions' rows (group commit): durable once it returns
-        accepted = store.accepted(values, await asyncio.wrap_future(store.accept(values)))
+        accepted = store.accepted(values, await store.accept_async(values))
     except IntegrityError:  # the same key posted concurrently: the first one won
         existing = await loop.run_in_executor(service.store_calls, store.by_key, who.tenant, idempotency_key or "")
         if existing is None:

@@ -22,6 +22,8 @@ getting its :class:`~sqlalchemy.exc.IntegrityError`.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import queue
 import threading
@@ -55,6 +57,8 @@ _SEQ_OF = select(_JOBS.c.id, _JOBS.c.seq).where(_JOBS.c.id.in_(bindparam("b_ids"
 
 Row = dict[str, Any]
 """A job row's column values without ``seq`` (:meth:`frenzy_opt.service.store.Store.add_job`)."""
+Waiting = Future[int] | asyncio.Future[int]
+"""Who waits for an insert: a thread (a :class:`concurrent.futures.Future`) or an event loop."""
 
 
 def insert_jobs(conn: Connection, rows: Sequence[Row]) -> dict[str, int]:
@@ -74,7 +78,7 @@ class GroupCommit:
 
     def __init__(self, write: Callable[[Callable[[Connection], dict[str, int]]], dict[str, int]]) -> None:
         self._write = write
-        self._queue: queue.SimpleQueue[tuple[Row, Future[int]] | None] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[Row, Waiting] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._guard = threading.Lock()
         self.transactions = 0
@@ -85,6 +89,14 @@ class GroupCommit:
     def add(self, row: Row) -> Future[int]:
         """Queue one job row; the future gives its ``seq`` once committed, or the error of the commit."""
         future: Future[int] = Future()
+        self._queue.put((row, future))
+        self._start()
+        return future
+
+    def add_async(self, row: Row) -> asyncio.Future[int]:
+        """:meth:`add` for a coroutine on the running event loop: the futures of one batch are completed by
+        one call into their loop (a wake-up of the loop per insert cost a system call each)."""
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._queue.put((row, future))
         self._start()
         return future
@@ -125,7 +137,7 @@ class GroupCommit:
             if stop:
                 return
 
-    def _commit(self, batch: list[tuple[Row, Future[int]]]) -> None:
+    def _commit(self, batch: list[tuple[Row, Waiting]]) -> None:
         try:
             seqs = self._write(lambda conn: insert_jobs(conn, [row for row, _ in batch]))
         except IntegrityError as err:
@@ -133,14 +145,37 @@ class GroupCommit:
                 for item in batch:
                     self._commit([item])
                 return
-            batch[0][1].set_exception(err)
+            _complete([(batch[0][1], err)])
             return
         except Exception as err:  # a store fault: every submission of the batch answers it
-            for _, future in batch:
-                future.set_exception(err)
+            _complete([(future, err) for _, future in batch])
             return
         self.transactions += 1
         self.committed += len(batch)
-        for row, future in batch:
-            future.set_result(seqs[row["id"]])
+        _complete([(future, seqs[row["id"]]) for row, future in batch])
 
+
+def _complete(outcomes: list[tuple[Waiting, int | Exception]]) -> None:
+    """Complete the waiting futures: a thread's at once, an event loop's by one call into each loop."""
+    loops: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future[int], int | Exception]]] = {}
+    for future, outcome in outcomes:
+        if isinstance(future, asyncio.Future):
+            loops.setdefault(future.get_loop(), []).append((future, outcome))
+        elif isinstance(outcome, Exception):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)
+    for loop, items in loops.items():
+        with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nobody waits
+            loop.call_soon_threadsafe(_settle, items)
+
+
+def _settle(items: list[tuple[asyncio.Future[int], int | Exception]]) -> None:
+    """On the event loop: complete its futures of a batch (one a request gave up on stays cancelled)."""
+    for future, outcome in items:
+        if future.done():
+            continue
+        if isinstance(outcome, Exception):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)

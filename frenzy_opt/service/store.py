@@ -40,6 +40,7 @@ Faults are explicit:
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import logging
@@ -667,12 +668,11 @@ class Store:
         """Queue a job row (:func:`job_values`) for the next group commit
         (:mod:`frenzy_opt.service.groupcommit`); the future gives its ``seq`` once the row is durable, or the
         error (an :class:`IntegrityError` for an ``Idempotency-Key`` the tenant used, a store fault)."""
-        refusal = self.refusal()
-        if refusal is not None:  # fail fast, as every write does while the store is at fault
-            failed: Future[int] = Future()
-            failed.set_exception(StoreFenced(refusal) if self.fenced else StoreUnavailable(refusal))
-            return failed
-        return self._commits.add(values)
+        return self._commits.add(values)  # refused at once while the store is at fault, as every write
+
+    def accept_async(self, values: dict[str, Any]) -> asyncio.Future[int]:
+        """:meth:`accept` awaited on the running event loop."""
+        return self._commits.add_async(values)
 
     @staticmethod
     def accepted(values: dict[str, Any], seq: int) -> JobRecord:
