@@ -56,7 +56,11 @@ BATCH = {"model": "llama3-8b", "training": {"seq_len": 4096, "global_batch_size"
 """The deep queue's job: days of GPU time, so nothing started ends during the run."""
 PROBE = {"model": "gpt3-125m", "training": {"seq_len": 1024, "global_batch_size": 32, "train_steps": 100}}
 TOKENS = {
-    "tokens": {"batch-token": {"tenant": "batch"}, "probe-token": {"tenant": "probe"}, "admin-token": {"admin": True}},
+    "tokens": [
+        {"token": "batch-token", "tenant": "batch"},
+        {"token": "probe-token", "tenant": "probe"},
+        {"token": "admin-token", "tenant": "ops", "admin": True},
+    ],
     "quotas": {"batch": {"H100-SXM5-80GB": 504}},
 }
 """cluster-2048 has 64 nodes of 8 H100s: the batch tenant may hold 504 of them, one node stays free."""
