@@ -1173,6 +1173,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
+    if not 1 <= args.workers <= MAX_WORKERS:
+        raise ValueError(f"--workers must be in [1, {MAX_WORKERS}], got {args.workers}")
     limits = HttpLimits(  # checked first: a bad flag fails before the store is opened
         max_header_bytes=args.max_header_bytes,
         header_timeout_s=args.header_timeout_s,
@@ -1191,14 +1193,15 @@ def cmd_serve(args: argparse.Namespace) -> int:
         calibration=args.calibration,
         create=args.create,
     )
-    if not 1 <= args.workers <= MAX_WORKERS:
-        raise ValueError(f"--workers must be in [1, {MAX_WORKERS}], got {args.workers}")
+    if args.workers == 1:
+        serve(config, args.host, args.port, limits)
+        return 0
     workers = WorkerSettings(
-        db_url=config.db_url,
+        db_url=db_url(args.db),
         cluster=args.cluster,
         executor=args.executor,
         tokens=args.tokens,
-        scheduler_url="",
+        scheduler_url="",  # the scheduler process's private port, set when it listens
         parent_pid=0,
     )
     serve(config, args.host, args.port, limits, workers, args.workers)
