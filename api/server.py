@@ -14,6 +14,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ import uvicorn
 from frenzy_opt.api.app import ServiceConfig, create_app
 from frenzy_opt.api.auth import load_tenants
 from frenzy_opt.api.httplimits import DEFAULT_LIMITS, HttpLimits, uvicorn_options
+from frenzy_opt.api.workers import WorkerSettings, run_workers
 from frenzy_opt.core.enums import TERMINAL_STATES
 from frenzy_opt.core.machine import free_port
 from frenzy_opt.hardware.cluster import ClusterSpec
@@ -42,7 +44,7 @@ def build_config(
     tokens: str | None = None,
     time_scale: float = 1.0,
     fail_rate: float = 0.0,
-    decision_wait_s: float = 0.25,
+    decision_wait_s: float = 0.0,
     workdir: str = "frenzy-runs",
     calibration: str | None = None,
     create: bool = True,
@@ -68,10 +70,19 @@ def build_config(
     )
 
 
-def serve(config: ServiceConfig, host: str, port: int, limits: HttpLimits = DEFAULT_LIMITS) -> None:
+def serve(
+    config: ServiceConfig,
+    host: str,
+    port: int,
+    limits: HttpLimits = DEFAULT_LIMITS,
+    workers: WorkerSettings | None = None,
+    num_workers: int = 1,
+) -> None:
     """Run the service until interrupted, with the HTTP ``limits`` (``api/httplimits.py``). The store's
     integrity check and writer lock come first: a corrupt database or one another service writes ends here
-    with the reason, before any row is touched."""
+    with the reason, before any row is touched. With ``num_workers`` > 1, this process is the scheduler and
+    ``num_workers`` API worker processes serve the port (:mod:`frenzy_opt.api.workers`)."""
+    config.intake = num_workers > 1
     try:
         app = create_app(config)
         app.state.service.store.acquire_writer()
@@ -79,7 +90,26 @@ def serve(config: ServiceConfig, host: str, port: int, limits: HttpLimits = DEFA
         raise SystemExit(f"frenzy serve: {err}") from None
     # The scheduler's decisions and warnings go to stderr at INFO next to uvicorn's access log.
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    uvicorn.run(app, host=host, port=port, log_level="info", **uvicorn_options(limits))
+    if num_workers <= 1:
+        uvicorn.run(app, host=host, port=port, log_level="info", **uvicorn_options(limits))
+        return
+    assert workers is not None
+    private = free_port("127.0.0.1")
+    scheduler = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=private, log_level="warning", **uvicorn_options(limits))
+    )
+    thread = threading.Thread(target=scheduler.run, name="frenzy-scheduler-http", daemon=True)
+    thread.start()
+    while not scheduler.started:
+        if not thread.is_alive():
+            raise SystemExit("frenzy serve: the scheduler process's own server did not start")
+        time.sleep(0.02)
+    settings = replace(workers, scheduler_url=f"http://127.0.0.1:{private}", parent_pid=os.getpid())
+    try:
+        run_workers(settings, num_workers, host, port, limits)
+    finally:
+        scheduler.should_exit = True
+        thread.join(30)
 
 
 @contextlib.contextmanager

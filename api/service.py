@@ -52,10 +52,10 @@ class Service:
     )
     """Threads that run a submission's store calls (start on first use; one pool for the app's life)."""
 
-    def writable(self) -> None:
-        """503 unless the store takes writes (no query: the store's and the loop's last word, and the file's
-        identity)."""
-        reason = self.orchestrator.store_fault or self.store.file_problem()
+    def writable(self, *, file: bool = True) -> None:
+        """503 unless the store takes writes (no query: the store's and the loop's last word, and, unless
+        ``file`` is False because the write that follows checks it, the file's identity)."""
+        reason = self.orchestrator.store_fault or (self.store.file_problem() if file else None)
         if reason is not None:
             self.metrics.unavailable.inc()
             raise unavailable(reason, permanent=self.permanent())

@@ -1200,9 +1200,12 @@ def db_url(text: str) -> str:
 def cmd_serve(args: argparse.Namespace) -> int:
     from frenzy_opt.api.httplimits import HttpLimits
     from frenzy_opt.api.server import build_config, serve
+    from frenzy_opt.api.workers import MAX_WORKERS, WorkerSettings
 
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
+    if not 1 <= args.workers <= MAX_WORKERS:
+        raise ValueError(f"--workers must be in [1, {MAX_WORKERS}], got {args.workers}")
     limits = HttpLimits(  # checked first: a bad flag fails before the store is opened
         max_header_bytes=args.max_header_bytes,
         header_timeout_s=args.header_timeout_s,
@@ -1221,7 +1224,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
         calibration=args.calibration,
         create=args.create,
     )
-    serve(config, args.host, args.port, limits)
+    if args.workers == 1:
+        serve(config, args.host, args.port, limits)
+        return 0
+    workers = WorkerSettings(
+        db_url=db_url(args.db),
+        cluster=args.cluster,
+        executor=args.executor,
+        tokens=args.tokens,
+        scheduler_url="",  # the scheduler process's private port, set when it listens
+        parent_pid=0,
+    )
+    serve(config, args.host, args.port, limits, workers, args.workers)
     return 0
 
 
@@ -1462,7 +1476,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-scale", type=float, default=1.0, help="simulated executor: cluster seconds per second")
     p.add_argument("--fail-rate", type=float, default=0.0, help="simulated executor: fraction of attempts that fail")
     p.add_argument(
-        "--decision-wait-s", type=float, default=0.25, help="how long a submission waits for its first decision"
+        "--workers",
+        type=int,
+        default=1,
+        help="API worker processes in front of the scheduler (1: the scheduler's process serves the API)",
+    )
+    p.add_argument(
+        "--decision-wait-s",
+        type=float,
+        default=0.0,
+        help="how long a submission without ?wait waits for its first decision (0: answered once stored)",
     )
     from frenzy_opt.api.httplimits import DEFAULT_LIMITS as HTTP  # HTTP limits: docs/service.md
 

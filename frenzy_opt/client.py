@@ -31,6 +31,9 @@ from frenzy_opt.yamlload import load_yaml
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 CONFIG_ENV = "FRENZY_CONFIG"
 DEFAULT_CONFIG = Path("~/.frenzy/client.yaml")
+SUBMIT_WAIT_S = 0.25
+"""How long ``frenzy submit`` waits for the first decision by default: the service's own wait before issue 27
+made it answer once the job is stored, so the command still prints where the job runs."""
 PAGE = 200
 LOG_PAGE = 4 << 20
 """Bytes per logs request (the service's most)."""
@@ -91,8 +94,11 @@ class Client:
             raise ClientError(_refusal(response, self.target))
         return response
 
-    def submit(self, spec: dict[str, Any]) -> dict[str, Any]:
-        result: dict[str, Any] = self._request("POST", "/v1/jobs", json=spec).json()
+    def submit(self, spec: dict[str, Any], wait_s: float = 0.0) -> dict[str, Any]:
+        """Submit a job; with ``wait_s`` > 0 the answer waits up to that long for the first decision (the
+        service answers once the job is stored otherwise: issue 27)."""
+        params = {"wait": wait_s} if wait_s > 0 else None
+        result: dict[str, Any] = self._request("POST", "/v1/jobs", json=spec, params=params).json()
         return result
 
     def jobs(self, state: str | None = None) -> list[dict[str, Any]]:
@@ -267,7 +273,9 @@ def cmd_submit(args: argparse.Namespace) -> int:
     if isinstance(spec.get("model"), str) and spec["model"].lower() not in catalog_names():
         # A Hugging Face config.json path: read here, its architecture sent (the service reads no files).
         spec["model"] = {k: v for k, v in load_job(path).model.to_dict().items() if v is not None}
-    job = _client(args).submit(spec)
+    if not 0 <= args.wait <= 60:
+        raise ValueError(f"--wait must be in [0, 60] seconds, got {args.wait}")
+    job = _client(args).submit(spec, args.wait)
     _print(args, job, lambda j: f"submitted {j['id']} ({j['name']}): {j['state']} {_where(j)}".rstrip())
     return 0
 
@@ -345,8 +353,13 @@ def add_commands(sub: Any) -> None:
         p.set_defaults(func=_guarded(func))
         return p
 
-    parser("submit", "submit a job spec to a running service", cmd_submit).add_argument(
-        "job", help="a job spec file (YAML or JSON) or a shipped name (job-tiny)"
+    p = parser("submit", "submit a job spec to a running service", cmd_submit)
+    p.add_argument("job", help="a job spec file (YAML or JSON) or a shipped name (job-tiny)")
+    p.add_argument(
+        "--wait",
+        type=float,
+        default=SUBMIT_WAIT_S,
+        help=f"seconds to wait for the first decision, 0-60; 0: answer once stored (default {SUBMIT_WAIT_S:g})",
     )
     p = parser("jobs", "the queue (position, ETA) and running jobs (progress)", cmd_jobs)
     p.add_argument("--state", choices=[state.value for state in JobState])

@@ -43,10 +43,11 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import queue
+import random
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
@@ -72,6 +73,7 @@ from frenzy_opt.planning.restart import job_restart_s
 from frenzy_opt.prediction.calibrations import CalibrationStore
 from frenzy_opt.prediction.closedloop import Sample, recalibrate, sample_of
 from frenzy_opt.service.accounting import placement_detail
+from frenzy_opt.service.intake import Intake
 from frenzy_opt.service.store import JobRecord, Store, StoreFenced, describe_fault, is_store_fault
 from frenzy_opt.solvers.greedy import GreedyState
 
@@ -177,6 +179,13 @@ class Submitted:
 
 
 @dataclass(frozen=True, slots=True)
+class Accepted:
+    """Job rows other processes accepted, as the intake read them (:mod:`frenzy_opt.service.intake`)."""
+
+    records: tuple[JobRecord, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Exited:
     """An attempt ended (from the executor's thread)."""
 
@@ -209,7 +218,7 @@ class Broken:
     reason: str
 
 
-Event = Submitted | Exited | CancelRequested | Tick | Stop | Broken
+Event = Submitted | Accepted | Exited | CancelRequested | Tick | Stop | Broken
 
 
 ESTIMATED_JOBS = 500
@@ -298,12 +307,18 @@ class Orchestrator:
         preempt: bool | None = None,
         max_restarts: int = 20,
         review_every_s: float = 60.0,
+        intake: bool = False,
     ) -> None:
         self.store, self.cluster, self.executor = store, cluster, executor
         self.review_every_s = review_every_s
         """Preemptive, a decision (and review) also runs this often in cluster seconds while jobs run, so a
         job that became movable since the last event can grow (:mod:`frenzy_opt.solvers.waterfill`); 0: only
         on events."""
+        self.intake = Intake(store, self._accepted) if intake else None
+        """Whether jobs come as rows other processes wrote (``frenzy serve --workers N``,
+        :mod:`frenzy_opt.service.intake`) rather than by :meth:`submit`."""
+        self._recovered_new: set[str] = set()
+        """Jobs recovery read that the intake reads again (accepted while the service started)."""
         self.time_scale = time_scale
         self.topology = cache.topology if cache is not None else Topology(cluster)
         self._plan_filter = lambda plan, spec: executor.supports(plan, spec.model)
@@ -341,6 +356,9 @@ class Orchestrator:
         self.decisions = 0
         self.on_decision = on_decision
         self._decided: dict[str, Waiter] = {}
+        self._waiters = threading.Lock()
+        """Guards ``_decided``: a submission registers its waiter without the loop's lock (held for a whole
+        decision, which takes tens of milliseconds with thousands queued)."""
         self._wake: list[Waiter] = []
         self._fresh: set[str] = set()
         """Queued jobs no decision has considered yet."""
@@ -377,12 +395,17 @@ class Orchestrator:
         self._stopping.clear()  # an orchestrator stopped before may start again
         self.store.acquire_writer()
         self.store.on_broken.append(lambda reason: self._events.put(Broken(reason)))
-        self.recover()
+        mark = self.store.last_seq() if self.intake is not None else 0  # before recovery: nothing falls between
+        self.recover(after=None if self.intake is None else mark)
         self._thread = threading.Thread(target=self._loop, name="frenzy-orchestrator", daemon=True)
         self._thread.start()
         self._events.put(Tick())  # a first decision for what recovery queued
+        if self.intake is not None:
+            self.intake.start(mark)
 
     def stop(self, timeout: float = 10.0) -> None:
+        if self.intake is not None:
+            self.intake.stop()
         self._stopping.set()
         if self._thread is not None:
             self._events.put(Stop())
@@ -409,10 +432,15 @@ class Orchestrator:
         waiter: Waiter = threading.Event() if decided is None else decided
         if searched is not None and searched.plan_filter == self.executor.plan_filter():
             searched = replace(searched, plan_filter=self._plan_filter)
-        with self._lock:
+        with self._waiters:
             self._decided[record.id] = waiter
-        self._events.put(Submitted(record, parse_job(record.spec) if spec is None else spec, searched))
+        if self.intake is None:  # else the intake reads the row (once: module docstring of intake)
+            self._events.put(Submitted(record, parse_job(record.spec) if spec is None else spec, searched))
         return waiter
+
+    def _accepted(self, records: list[JobRecord]) -> None:
+        """Rows the intake read (its thread)."""
+        self._events.put(Accepted(tuple(records)))
 
     def cancel(self, job_id: str) -> Future[str]:
         """Cancel a job; the future gives the state it ends in (``cancelled`` or its terminal state)."""
@@ -579,7 +607,10 @@ class Orchestrator:
         keep_going = not any(isinstance(e, Stop) for e in batch)
         with self._lock:
             for event in batch:
-                if isinstance(event, Submitted | Exited | CancelRequested):
+                if isinstance(event, Accepted):
+                    for submitted in self._new(event.records, pending):
+                        self._handle(submitted, pending)
+                elif isinstance(event, Submitted | Exited | CancelRequested):
                     self._handle(event, pending)
             launches = self._decide(pending) if keep_going else []
         if not self._write(pending):
@@ -597,6 +628,23 @@ class Orchestrator:
         for launch in launches:
             self.executor.launch(launch, self._on_exit, self._on_report)
         return keep_going
+
+    def _new(self, records: tuple[JobRecord, ...], pending: _Pending) -> list[Submitted]:
+        """The intake's rows this loop does not know yet, parsed; a row that does not parse is failed with
+        the reason (module docstring)."""
+        fresh: list[Submitted] = []
+        for record in records:
+            if record.id in self.jobs or record.id in self._recovered_new or record.state != JobState.QUEUED:
+                self._recovered_new.discard(record.id)
+                continue
+            try:
+                if record.problems:
+                    raise ValueError("; ".join(record.problems))
+                fresh.append(Submitted(record, parse_job(record.spec)))
+            except Exception as err:
+                log.error("intake: job %s quarantined: %s", record.id, err)
+                self._drop(record.id, f"at intake: {err.__class__.__name__}: {err}", pending)
+        return fresh
 
     def _handle(self, event: Submitted | Exited | CancelRequested, pending: _Pending) -> None:
         """One submit, exit or cancel event; one that raises fails its job with the reason (module
@@ -856,7 +904,9 @@ class Orchestrator:
         # more time noting this per job than deciding).
         self._waiting = waiting
         self._fresh.clear()
-        for job_id in [j for j in self._decided if j in self.state.queue]:
+        with self._waiters:
+            considered = [j for j in self._decided if j in self.state.queue]
+        for job_id in considered:
             self._mark_decided(job_id)
         return launches
 
@@ -912,19 +962,23 @@ class Orchestrator:
 
     def _mark_decided(self, job_id: str) -> None:
         """Note that a decision considered the job; its waiter is woken once the batch is written."""
-        event = self._decided.pop(job_id, None)
+        with self._waiters:
+            event = self._decided.pop(job_id, None)
         if event is not None:
             self._wake.append(event)
 
     # --- recovery ---------------------------------------------------------------------------------------
 
-    def recover(self) -> dict[str, int]:
-        """Rebuild the queue and the ledger from the store (module docstring); counts per outcome."""
+    def recover(self, after: int | None = None) -> dict[str, int]:
+        """Rebuild the queue and the ledger from the store (module docstring); counts per outcome. ``after``:
+        the intake's first mark (jobs accepted after it are read by both, and skipped by the intake)."""
         pending = _Pending()
         alive = self.executor.running()
         counts = {"queued": 0, "kept": 0, "moved": 0, "failed": 0, "quarantined": 0}
         with self._lock:
             for record in self.store.active():
+                if after is not None and record.seq > after:
+                    self._recovered_new.add(record.id)
                 try:
                     counts[self._recover_one(record, alive, pending)] += 1
                 except Exception as err:  # a row this service cannot run must not stop its start
@@ -984,5 +1038,13 @@ class Orchestrator:
         )
 
 
+_IDS = random.Random(os.urandom(32))
+"""Job ids: 64 random bits from a generator seeded by the operating system once per process (and again in a
+forked child). An id per request from os.urandom cost a system call each, a fifth of a millisecond on this
+virtual machine (issue 27). Ids need only be unique (tenants are kept apart by the ``tenant`` column, not by
+unguessable ids): among a million jobs, two share an id with probability n^2 / 2^65 = 3e-8 (birthday bound)."""
+os.register_at_fork(after_in_child=lambda: _IDS.seed(os.urandom(32)))
+
+
 def new_job_id() -> str:
-    return f"job-{uuid.uuid4().hex[:16]}"
+    return f"job-{_IDS.getrandbits(64):016x}"
