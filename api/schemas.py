@@ -205,11 +205,15 @@ class JobOut(BaseModel):
     queue_position: int | None = None
     """While queued: 1 for the job the next scheduling decision considers first."""
     estimated_start_in_s: float | None = None
-    """While queued: seconds until the GPUs it waits for are expected free, from the scheduler's reservation
-    for it (the predicted ends of the jobs running and waiting ahead); null when not yet planned."""
+    """While queued: seconds of cluster time (see ``time_scale``) until the GPUs it waits for are expected
+    free, from the scheduler's reservation for it (the predicted ends of the jobs running and waiting ahead);
+    null when not yet planned."""
     waiting_for: str | None = None
     """While queued: the GPUs it waits for (``<count> x <GPU type>``)."""
     history: list[EventOut] | None = None
+    time_scale: float = 1.0
+    """Cluster seconds per wall second (the simulated executor's ``--time-scale``; 1 on real GPUs): every
+    duration the service answers is cluster time."""
 
 
 class JobListOut(BaseModel):

@@ -106,6 +106,7 @@ class Service:
             history,
             self.orchestrator.progress(record.id) if progress else None,
         )
+        out.time_scale = self.orchestrator.time_scale
         if info is not None:
             out.queue_position = info.position
             out.estimated_start_in_s = info.estimated_start_in_s

@@ -198,11 +198,20 @@ def _duration(seconds: float | None) -> str:
     return f"{seconds / 3600:.1f}h"
 
 
+def _cluster_time(seconds: float | None, scale: float) -> str:
+    """A duration of the service's clock (cluster time), with its wall time when the scale is not 1."""
+    if seconds is None:
+        return "unknown"
+    if scale == 1.0:
+        return _duration(seconds)
+    return f"{_duration(seconds)} cluster time (~{_duration(seconds / scale)} wall at {scale:g}x)"
+
+
 def _where(job: dict[str, Any]) -> str:
     """A queued job's position and expected start, a running job's progress, else the reason."""
     if job["state"] == "queued" and job.get("queue_position") is not None:
-        eta = job.get("estimated_start_in_s")
-        return f"#{job['queue_position']}, starts in {_duration(eta) if eta is not None else 'unknown'}"
+        eta = _cluster_time(job.get("estimated_start_in_s"), float(job.get("time_scale") or 1.0))
+        return f"#{job['queue_position']}, starts in {eta}"
     progress = job.get("progress") or {}
     if job["state"] == "running" and progress.get("step") is not None:
         total = progress.get("steps") or progress.get("train_steps")
@@ -253,7 +262,11 @@ def usage_table(usage: dict[str, Any]) -> str:
     rows = [
         (r["tenant"], r["gpu_type"], f"{r['gpu_hours']:.2f}", str(r.get("jobs", ""))) for r in usage.get("rows", [])
     ]
-    return table(rows, ("TENANT", "GPU TYPE", "GPU-HOURS", "JOBS"))
+    scale = float(usage.get("time_scale") or 1.0)
+    text = table(rows, ("TENANT", "GPU TYPE", "GPU-HOURS", "JOBS"))
+    if scale != 1.0:
+        text += f"\nGPU-hours of cluster time (the service runs {scale:g}x wall time)"
+    return text
 
 
 # -- commands ---------------------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
+from factories import simulated_service
 from fastapi.testclient import TestClient
 from sqlalchemy.exc import IntegrityError
 
@@ -26,7 +27,6 @@ from frenzy_opt.launch.executors.simulated import SimulatedExecutor
 from frenzy_opt.planning.scenario import load_cluster_ref
 from frenzy_opt.service.orchestrator import Orchestrator, new_job_id
 from frenzy_opt.service.store import Store, job_values
-from tests.factories import simulated_service
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = {"model": "gpt3-125m", "training": {"seq_len": 1024, "global_batch_size": 32, "train_steps": 50}}

@@ -58,6 +58,12 @@ function duration(s) {
   return `${(s / 3600).toFixed(1)} h`;
 }
 
+// The service's one clock is cluster time; at a time scale other than 1 the wall time is shown beside it.
+function clusterDuration(s, scale) {
+  if (!scale || scale === 1) return duration(s);
+  return `${duration(s)} cluster time (~${duration(s / scale)} wall at ${scale}x)`;
+}
+
 function gpus(job) {
   const p = job.placement || {}, plan = job.plan || {};
   const type = plan.gpu_type, n = plan.num_gpus;
@@ -160,7 +166,7 @@ async function overview() {
   fill("queue", queued.map((j) => [
     j.queue_position ?? "", jobLink(j), j.tenant, j.waiting_for || j.reason,
     j.estimated_start_in_s === null || j.estimated_start_in_s === undefined ? "unknown"
-      : `in ${duration(j.estimated_start_in_s)}`,
+      : `in ${clusterDuration(j.estimated_start_in_s, j.time_scale)}`,
   ]));
   const running = jobs.filter((j) => j.state === "running" || j.state === "scheduled");
   fill("running", running.map((j) => {

@@ -83,8 +83,9 @@ def _held(record: JobRecord, placed: tuple[int, str] | None, start: float, end: 
     return Held(record.id, record.name, record.tenant, gpu_type, num_gpus, start, end)
 
 
-def usage(stretches: Iterable[Held], since: float, until: float) -> list[dict[str, Any]]:
-    """GPU-hours per (tenant, GPU type) inside ``[since, until]``, and how many jobs used them."""
+def usage(stretches: Iterable[Held], since: float, until: float, *, time_scale: float = 1.0) -> list[dict[str, Any]]:
+    """GPU-hours per (tenant, GPU type) inside the wall-clock window ``[since, until]``, in cluster time
+    (wall seconds x ``time_scale``), and how many jobs used them."""
     hours: dict[tuple[str, str], float] = {}
     jobs: dict[tuple[str, str], set[str]] = {}
     for h in stretches:
@@ -92,7 +93,7 @@ def usage(stretches: Iterable[Held], since: float, until: float) -> list[dict[st
         if seconds <= 0:
             continue
         key = (h.tenant, h.gpu_type)
-        hours[key] = hours.get(key, 0.0) + seconds * h.num_gpus / 3600
+        hours[key] = hours.get(key, 0.0) + seconds * time_scale * h.num_gpus / 3600
         jobs.setdefault(key, set()).add(h.job)
     return [
         {

@@ -36,7 +36,9 @@ know) as failed with the reason. A store that breaks for good because another se
 ``/healthz`` says why.
 
 Cluster time is wall time since start x ``time_scale`` (the simulated executor's scale), so predicted
-durations and the scheduler's clock agree.
+durations and the scheduler's clock agree. The service speaks one clock, cluster time: every duration it
+answers (a queued job's estimated start, the reasons it gives, GPU-hours of usage) is in cluster seconds,
+and the answers carry ``time_scale`` so that a client can say what that is in wall time.
 """
 
 from __future__ import annotations
@@ -86,6 +88,26 @@ in https://aws.amazon.com/builders-library/timeouts-retries-and-backoff-with-jit
 # Periodic reviews run at most this often in wall seconds, whatever the time scale (a design choice: at an
 # hour of cluster time per second, a 60 s round would otherwise run 60 decisions a second on an idle queue).
 MIN_REVIEW_WALL_S = 1.0
+
+
+def human_duration(seconds: float) -> str:
+    """``45 s``, ``12 min``, ``3.4 h``, ``2.1 d``."""
+    seconds = max(seconds, 0.0)
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 172_800:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} d"
+
+
+def cluster_duration(seconds: float, time_scale: float) -> str:
+    """A duration of cluster time as the service says it: plain at time scale 1, else named as cluster time
+    with its wall-time equivalent (``3.4 h of cluster time, 2 min wall at 120x``)."""
+    if time_scale == 1.0:
+        return human_duration(seconds)
+    return f"{human_duration(seconds)} of cluster time, {human_duration(seconds / time_scale)} wall at {time_scale:g}x"
 
 
 class Waiter(Protocol):
@@ -242,7 +264,7 @@ class QueueInfo:
     position: int | None
     """1 for the job the next decision considers first."""
     estimated_start_in_s: float | None
-    """Wall seconds until the GPUs it waits for are expected free (the greedy's plan of its wait, from the
+    """Cluster seconds until the GPUs it waits for are expected free (the greedy's plan of its wait, from the
     predicted ends of what runs and waits ahead); None past :data:`ESTIMATED_JOBS` or when unknown."""
     waiting_for: str | None
     """The GPUs it waits for, e.g. ``16 x H100-SXM5-80GB``."""
@@ -496,7 +518,7 @@ class Orchestrator:
             option, start = planned
             if option is None:
                 return self.quotas.explain(job_id, job.options)
-            eta = "unknown" if math.isinf(start) else f"{max(start - self.now(), 0):,.0f} s"
+            eta = "unknown" if math.isinf(start) else cluster_duration(max(start - self.now(), 0.0), self.time_scale)
             return f"waiting for {option.num_gpus} x {option.gpu_type} (estimated start in {eta})"
 
     def queue_info(self, job_id: str) -> QueueInfo | None:
@@ -510,8 +532,7 @@ class Orchestrator:
             position = estimates.positions.get(job_id)
             if option is None or math.isinf(start):
                 return QueueInfo(position, None, None)
-            wall_s = max(start - self.now(), 0.0) / self.time_scale
-            return QueueInfo(position, wall_s, f"{option.num_gpus} x {option.gpu_type}")
+            return QueueInfo(position, max(start - self.now(), 0.0), f"{option.num_gpus} x {option.gpu_type}")
 
     def _estimated(self, job_id: str) -> _Estimates:
         """The queue's positions and planned waits (:meth:`GreedyState.plan_waits` of the first
