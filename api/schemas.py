@@ -211,6 +211,11 @@ class JobOut(BaseModel):
     waiting_for: str | None = None
     """While queued: the GPUs it waits for (``<count> x <GPU type>``)."""
     history: list[EventOut] | None = None
+    deadline_risk: bool | None = None
+    """With ``scheduling.deadline_s``: whether the job's plan is predicted to end after its deadline (queued:
+    the planned wait and run; placed: the placement's predicted end); null without a deadline or a plan."""
+    deadline_missed_by_s: float | None = None
+    """After it ended: cluster seconds past its deadline it ended (null: no deadline, or met)."""
     time_scale: float = 1.0
     """Cluster seconds per wall second (the simulated executor's ``--time-scale``; 1 on real GPUs): every
     duration the service answers is cluster time."""

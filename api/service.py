@@ -107,10 +107,15 @@ class Service:
             self.orchestrator.progress(record.id) if progress else None,
         )
         out.time_scale = self.orchestrator.time_scale
+        predicted, measured = record.predicted or {}, record.measured or {}
+        # queued: the planned wait and run (a stopped attempt's prediction no longer holds); else the placement's
+        out.deadline_risk = predicted.get("deadline_risk") if record.state != "queued" else None
+        out.deadline_missed_by_s = measured.get("deadline_missed_by_s")
         if info is not None:
             out.queue_position = info.position
             out.estimated_start_in_s = info.estimated_start_in_s
             out.waiting_for = info.waiting_for
+            out.deadline_risk = info.deadline_risk
         return out
 
 

@@ -22,6 +22,7 @@ from rich.progress import Progress, TaskID
 from rich.table import Table
 
 from frenzy_opt import __version__, client
+from frenzy_opt.core.readable import parallel_text
 from frenzy_opt.core.spec import JobSpec, load_job
 from frenzy_opt.hardware.gpus import load_gpus, resolve_gpu
 from frenzy_opt.models.catalog import load_catalog
@@ -196,7 +197,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
     def render(console: Console) -> None:
         verdict = "[green]fits[/]" if prediction.fits else "[red]does not fit[/]"
-        parallel = _parallel_text(prediction.parallel.to_dict())
+        parallel = parallel_text(prediction.parallel.to_dict())
         console.print(
             f"{job.name} on {gpu.name} ({_gib(gpu.memory_bytes)} GiB): {verdict}; "
             f"parallel {parallel}, micro-batch {job.training.micro_batch_size}"
@@ -271,19 +272,6 @@ def _trace_table(trace: dict[str, Any], prediction: MemoryPrediction) -> Table:
     return table
 
 
-def _parallel_text(parallel: dict[str, Any]) -> str:
-    parts = [f"dp{parallel['dp']} tp{parallel['tp']} pp{parallel['pp']}"]
-    for key in ("vpp", "cp", "ep"):
-        if parallel.get(key, 1) > 1:
-            parts.append(f"{key}{parallel[key]}")
-    parts.append(f"zero{parallel['zero_stage']}")
-    if parallel.get("sequence_parallel"):
-        parts.append("sp")
-    if parallel["recompute"] != "none":
-        parts.append(f"recompute={parallel['recompute']}")
-    return " ".join(parts)
-
-
 # --- plan ----------------------------------------------------------------------------------------------
 
 
@@ -332,7 +320,7 @@ def _plans_table(title: str, search: PlanSearch, top: int) -> Table:
         runtime = "-" if p.est_runtime_s is None else f"{p.est_runtime_s / 3600:.1f}"
         if p.memory_risk:
             runtime += " (memory risk)"
-        table.add_row(str(i), p.gpu_type, str(p.num_gpus), _parallel_text(p.parallel.to_dict()),
+        table.add_row(str(i), p.gpu_type, str(p.num_gpus), parallel_text(p.parallel.to_dict()),
                       str(p.micro_batch_size), p.precision, step, band, runtime, _gib(p.peak_allocated_bytes),
                       _gib(p.device_used_bytes), _gib(p.device_used_upper_bytes),
                       f"{100 * p.headroom_bytes / p.capacity_bytes:.0f}%")  # fmt: skip
@@ -389,7 +377,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             plan, nodes = chosen["plan"], chosen["placement"]["nodes"]
             console.print(
                 f"wrote {args.out} ({args.export}): the scheduler's plan on an empty cluster, {plan['num_gpus']} x "
-                f"{plan['gpu_type']} ({_parallel_text(plan['parallel'])}, micro-batch {plan['micro_batch_size']}) "
+                f"{plan['gpu_type']} ({parallel_text(plan['parallel'])}, micro-batch {plan['micro_batch_size']}) "
                 f"on {len(nodes)} node(s)",
                 highlight=False,
             )
@@ -711,7 +699,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         for r in results:
             best = r["plans"][0] if r["plans"] else None
             if best:
-                parallel = _parallel_text(best["parallel"])
+                parallel = parallel_text(best["parallel"])
                 best_text = f"{best['num_gpus']}x {best['gpu_type']} {parallel} mb{best['micro_batch_size']}"
             else:
                 best_text = f"[red]{r['error']}"
@@ -1253,7 +1241,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
         plan, m, p = payload["plan"], payload["measured"], payload["predicted"]
         console.print(
             f"{job.name}: {payload['state']} after {payload['steps_run']} steps on {plan['num_gpus']} x "
-            f"{plan['gpu_type']} ({_parallel_text(plan['parallel'])}, micro-batch {plan['micro_batch_size']}); "
+            f"{plan['gpu_type']} ({parallel_text(plan['parallel'])}, micro-batch {plan['micro_batch_size']}); "
             f"loss {_sig(payload['loss_first'])} -> {_sig(payload['loss_last'])}"
         )
         if payload["cause"]:

@@ -54,6 +54,7 @@ from typing import Any
 
 from frenzy_opt.core.enums import SolverStatus
 from frenzy_opt.core.protocols import Admission
+from frenzy_opt.core.readable import human_duration
 from frenzy_opt.hardware.placement import FreeIndex, choose
 from frenzy_opt.planning.problem import Assignment, Option, ProblemJob, Schedule, SchedulingProblem
 from frenzy_opt.solvers.base import register
@@ -122,6 +123,8 @@ class Move:
     min_duration_s: float = 0.0
     """A growth's options are cut to ``[min_duration_s, max_duration_s)``: no faster than the plan the
     division (:mod:`frenzy_opt.solvers.waterfill`) gave it, so it takes no GPUs promised to another job."""
+    why: str = ""
+    """What the move gains and what it costs, in a sentence (the service logs it with the move)."""
 
 
 class _Horizon:
@@ -800,6 +803,10 @@ class GreedyState:
                     reason="grow",
                     max_duration_s=grant.limit_s,
                     min_duration_s=grant.option.duration_s,
+                    why=(
+                        f"to {grant.option.num_gpus} x {grant.option.gpu_type} on idle GPUs: saves about "
+                        f"{human_duration(grant.gain)} of weighted time, restart included"
+                    ),
                 )
             )
         for gpu_type, node, count in held:
@@ -862,11 +869,15 @@ class GreedyState:
         if job.weight * (start - now) <= MOVE_MARGIN * loss:
             return None
         horizons.pop(gpu_type, None)
+        why = (
+            f"for {job.id}, which starts on {option.num_gpus} x {gpu_type} now instead of in "
+            f"{human_duration(start - now)}; the stop costs {human_duration(loss)} of weighted time, restart included"
+        )
         moves = []
         for run in chosen:
             self.release(run.job)
             self.restarts[run.job] = self.restarts.get(run.job, 0) + 1
-            moves.append(Move(job=run.job, reason="preempt"))
+            moves.append(Move(job=run.job, reason="preempt", why=why))
         return moves
 
 

@@ -184,7 +184,7 @@ class _FilteringExecutor:
     def launch(self, launch: Launch, on_exit: OnExit, on_report: object = None) -> None:
         pass
 
-    def cancel(self, job_id: str) -> None:
+    def cancel(self, job_id: str, why: str | None = None) -> None:
         pass
 
     def running(self) -> set[str]:

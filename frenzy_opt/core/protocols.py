@@ -56,7 +56,8 @@ class Executor(Protocol):
 
     def launch(self, launch: Launch, on_exit: OnExit, on_report: OnReport | None = None) -> None: ...
 
-    def cancel(self, job_id: str) -> None: ...
+    def cancel(self, job_id: str, why: str | None = None) -> None:
+        """Stop the job's attempt; ``why`` (a move of the scheduler's: what it gains) goes into its log."""
 
     def running(self) -> set[str]:
         """Jobs it still runs, or whose run ended while the service was down (for recovery)."""

@@ -57,6 +57,7 @@ from typing import Any, Protocol
 
 from frenzy_opt.core.enums import JobState
 from frenzy_opt.core.protocols import Executor
+from frenzy_opt.core.readable import human_duration
 from frenzy_opt.core.spec import JobSpec, parse_job
 from frenzy_opt.hardware.cluster import ClusterSpec
 from frenzy_opt.hardware.topology import Topology
@@ -66,6 +67,7 @@ from frenzy_opt.planning.problem import (
     Assignment,
     Option,
     OptionCache,
+    ProblemJob,
     SchedulingProblem,
     Searched,
     no_option_message,
@@ -88,18 +90,6 @@ in https://aws.amazon.com/builders-library/timeouts-retries-and-backoff-with-jit
 # Periodic reviews run at most this often in wall seconds, whatever the time scale (a design choice: at an
 # hour of cluster time per second, a 60 s round would otherwise run 60 decisions a second on an idle queue).
 MIN_REVIEW_WALL_S = 1.0
-
-
-def human_duration(seconds: float) -> str:
-    """``45 s``, ``12 min``, ``3.4 h``, ``2.1 d``."""
-    seconds = max(seconds, 0.0)
-    if seconds < 120:
-        return f"{seconds:.0f} s"
-    if seconds < 7200:
-        return f"{seconds / 60:.0f} min"
-    if seconds < 172_800:
-        return f"{seconds / 3600:.1f} h"
-    return f"{seconds / 86400:.1f} d"
 
 
 def cluster_duration(seconds: float, time_scale: float) -> str:
@@ -268,6 +258,8 @@ class QueueInfo:
     predicted ends of what runs and waits ahead); None past :data:`ESTIMATED_JOBS` or when unknown."""
     waiting_for: str | None
     """The GPUs it waits for, e.g. ``16 x H100-SXM5-80GB``."""
+    deadline_risk: bool | None = None
+    """Whether the planned run ends after the job's deadline (None: no deadline, or no plan yet)."""
 
 
 @dataclass(slots=True)
@@ -518,8 +510,25 @@ class Orchestrator:
             option, start = planned
             if option is None:
                 return self.quotas.explain(job_id, job.options)
-            eta = "unknown" if math.isinf(start) else cluster_duration(max(start - self.now(), 0.0), self.time_scale)
-            return f"waiting for {option.num_gpus} x {option.gpu_type} (estimated start in {eta})"
+            return self._why_waiting(job, option, start, estimates.positions.get(job_id))
+
+    def _why_waiting(self, job: ProblemJob, option: Option, start: float, position: int | None) -> str:
+        """One sentence: the GPUs it waits for, its place and estimated start, the types it could use, and its
+        deadline when the planned run misses it."""
+        eta = "unknown" if math.isinf(start) else cluster_duration(max(start - self.now(), 0.0), self.time_scale)
+        fewest: dict[str, int] = {}
+        for o in job.options:
+            fewest[o.gpu_type] = min(fewest.get(o.gpu_type, o.num_gpus), o.num_gpus)
+        types = ", ".join(f"{t} (from {n})" for t, n in sorted(fewest.items()))
+        where = f"#{position} in the queue, " if position is not None else ""
+        text = (
+            f"waiting for {option.num_gpus} x {option.gpu_type} ({where}estimated start in {eta}); "
+            f"it can run on {types}"
+        )
+        if job.deadline_s is not None and start + option.duration_s > job.deadline_s:
+            late = cluster_duration(start + option.duration_s - job.deadline_s, self.time_scale)
+            text += f"; deadline at risk: the planned run ends {late} past it"
+        return text
 
     def queue_info(self, job_id: str) -> QueueInfo | None:
         """Where a queued job stands (None if it is not queued): its position in the order the next decision
@@ -532,7 +541,10 @@ class Orchestrator:
             position = estimates.positions.get(job_id)
             if option is None or math.isinf(start):
                 return QueueInfo(position, None, None)
-            return QueueInfo(position, max(start - self.now(), 0.0), f"{option.num_gpus} x {option.gpu_type}")
+            deadline = self.state.queue[job_id].deadline_s
+            risk = None if deadline is None else start + option.duration_s > deadline
+            wait = max(start - self.now(), 0.0)
+            return QueueInfo(position, wait, f"{option.num_gpus} x {option.gpu_type}", risk)
 
     def _estimated(self, job_id: str) -> _Estimates:
         """The queue's positions and planned waits (:meth:`GreedyState.plan_waits` of the first
@@ -793,7 +805,15 @@ class Orchestrator:
             return  # a cancelled or superseded attempt
         self._release(job)
         if info.ok:
-            pending.add(job_id, JobState.SUCCEEDED, "completed", measured=info.measured or None)
+            measured, detail = dict(info.measured or {}), "completed"
+            deadline = job.spec.scheduling.deadline_s
+            if deadline is not None:
+                ended = self.now() - job.submitted_s
+                measured |= {"deadline_s": deadline, "end_after_submit_s": ended}
+                if ended > deadline:
+                    measured["deadline_missed_by_s"] = ended - deadline
+                    detail = f"completed {cluster_duration(ended - deadline, self.time_scale)} after its deadline"
+            pending.add(job_id, JobState.SUCCEEDED, detail, measured=measured or None)
             self._learn(job, run, info)
             self._end(job_id)
             return
@@ -889,7 +909,8 @@ class Orchestrator:
             # The review released its GPUs in the ledger already: only the quota and the executor are left.
             job.run, job.progress = None, None
             self.quotas.release(move.job)
-            self.executor.cancel(move.job)
+            kind = "preempted" if move.reason == "preempt" else "grown"
+            self.executor.cancel(move.job, f"{kind} by the scheduler, {move.why}" if move.why else kind)
             job.steps_left = left
             job.moves += 1
             if move.max_duration_s < math.inf:  # it grows: only the plans the review's division allows
@@ -900,8 +921,9 @@ class Orchestrator:
             pending.add(
                 move.job,
                 JobState.QUEUED,
-                f"moved: stopped {why} after {before - left} of {before} steps; resumes from its checkpoint "
-                f"(move {job.moves})",
+                f"moved ({kind}): stopped {why} after {before - left} of {before} steps"
+                + (f", {move.why}" if move.why else "")
+                + f"; resumes from its checkpoint (move {job.moves})",
                 moves=job.moves,
             )
             self._queue(job, options, "queued: stopped, waiting to resume")
@@ -959,6 +981,14 @@ class Orchestrator:
             "step_time_s": p.step_time_s,
             "runtime_s": a.option.duration_s,
         }
+        deadline = job.spec.scheduling.deadline_s
+        if deadline is not None:
+            ends_in = a.end_s - job.submitted_s
+            predicted |= {"deadline_s": deadline, "end_after_submit_s": ends_in, "deadline_risk": ends_in > deadline}
+            if ends_in > deadline:
+                late = cluster_duration(ends_in - deadline, self.time_scale)
+                detail += f"; deadline at risk: predicted to end {late} past it"
+                log.warning("decision: %s is predicted to end %s past its deadline", job.id, late)
         pending.add(
             job.id,
             JobState.SCHEDULED,

@@ -164,13 +164,17 @@ class LocalExecutor:
         (job_dir / "pids").write_text(json.dumps(pids), encoding="utf-8")
         threading.Thread(target=self._watch, args=(attempt, report, log), daemon=True).start()
 
-    def cancel(self, job_id: str) -> None:
+    def cancel(self, job_id: str, why: str | None = None) -> None:
         with self._lock:
             attempt = self._attempts.get(job_id)
             if attempt is not None:
                 attempt.cancelled = True
         if attempt is not None:
             self._stop(attempt.pgids)
+            if why:  # the attempt's log says what stopped it (the ranks' output ends with the signal)
+                path = attempt_log(self.workdir, job_id, attempt.attempt)
+                with contextlib.suppress(OSError), open(path, "a", encoding="utf-8") as out:
+                    out.write(f"frenzy: attempt stopped: {why}\n")
 
     def running(self) -> set[str]:
         """Jobs to adopt after a restart: those whose pid files (this process's or an earlier one's) name a

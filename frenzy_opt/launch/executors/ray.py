@@ -215,7 +215,8 @@ class RayExecutor:
         remove_placement_group(group)
         return False
 
-    def cancel(self, job_id: str) -> None:
+    def cancel(self, job_id: str, why: str | None = None) -> None:
+        """Tear the job's actors down (``why`` is not kept: Ray's actor logs are its own)."""
         self._teardown(job_id)
 
     def running(self) -> set[str]:
