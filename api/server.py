@@ -70,6 +70,28 @@ def build_config(
     )
 
 
+def banner(config: ServiceConfig, host: str, port: int, num_workers: int = 1) -> str:
+    """What ``frenzy serve`` says as it starts: the cluster, executor, time scale, database, workers, tenants
+    and the URLs of the API, its docs and the dashboard (a password in the database URL is masked)."""
+    from sqlalchemy.engine import make_url
+
+    cluster = config.cluster
+    types = ", ".join(f"{cluster.num_gpus_of(g.name)} x {g.name}" for g in cluster.gpu_types())
+    url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+    scale = "1 (real time)" if config.time_scale == 1 else f"{config.time_scale:g}x (cluster time runs faster)"
+    tenants = len(config.tenants.tokens) if config.tenants.tokens else 0
+    return "\n".join(
+        [
+            f"frenzy serve: cluster {cluster.name} ({cluster.num_gpus} GPUs: {types})",
+            f"  executor {config.executor.name}, time scale {scale}",
+            f"  database {make_url(config.db_url).render_as_string(hide_password=True)}",
+            f"  API workers {num_workers}; tenants: {tenants or 'none (local mode, no token needed)'}",
+            f"  calibration {config.calibration or 'shipped step-time parameters'}",
+            f"  API {url}/v1   docs {url}/docs   dashboard {url}/ui",
+        ]
+    )
+
+
 def serve(
     config: ServiceConfig,
     host: str,
@@ -90,6 +112,7 @@ def serve(
         raise SystemExit(f"frenzy serve: {err}") from None
     # The scheduler's decisions and warnings go to stderr at INFO next to uvicorn's access log.
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    print(banner(config, host, port, num_workers), file=sys.stderr, flush=True)
     if num_workers <= 1:
         uvicorn.run(app, host=host, port=port, log_level="info", **uvicorn_options(limits))
         return

@@ -28,7 +28,7 @@ from frenzy_opt.hardware.gpus import load_gpus, resolve_gpu
 from frenzy_opt.models.catalog import load_catalog
 from frenzy_opt.planning.export import TARGETS as EXPORT_TARGETS
 from frenzy_opt.planning.export import load_placement, to_k8s, to_slurm
-from frenzy_opt.planning.plans import NoFeasiblePlan, PlanSearch, micro_batch_summary, search_or_fail
+from frenzy_opt.planning.plans import NoFeasiblePlan, Plan, PlanSearch, micro_batch_summary, search_or_fail
 from frenzy_opt.planning.problem import (
     OptionCache,
     Schedule,
@@ -294,7 +294,17 @@ def _micro_batch_line(job: JobSpec) -> str:
     return f"micro-batch: searched over {sizes} (training.pin_micro_batch: true keeps training.micro_batch_size)"
 
 
-def _plans_table(title: str, search: PlanSearch, top: int) -> Table:
+def per_type(plans: Sequence[Plan], count: int) -> list[Plan]:
+    """The best ``count`` plans of each GPU type (in the search's rank order), types by their best plan."""
+    kept: dict[str, list[Plan]] = {}
+    for plan in plans:
+        chosen = kept.setdefault(plan.gpu_type, [])
+        if len(chosen) < count:
+            chosen.append(plan)
+    return [plan for chosen in kept.values() for plan in chosen]
+
+
+def _plans_table(title: str, search: PlanSearch, top: int, plans: Sequence[Plan] | None = None) -> Table:
     table = Table(title=title)
     for col in (
         "#",
@@ -312,7 +322,7 @@ def _plans_table(title: str, search: PlanSearch, top: int) -> Table:
         "headroom",
     ):
         table.add_column(col, justify="left" if col in ("gpu", "parallel", "prec") else "right")
-    for i, p in enumerate(search.plans[:top], 1):
+    for i, p in enumerate(search.plans[:top] if plans is None else plans, 1):
         step = "-" if p.step_time_s is None else f"{p.step_time_s:.3f}"
         band = "-"
         if p.step_time_p10_s is not None and p.step_time_p90_s is not None:
@@ -341,11 +351,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
     cluster = load_cluster_ref(args.cluster)
     step_model = resolve_model(args.calibration)
     search = search_or_fail(job, cluster, headroom=args.headroom, step_model=step_model)
+    # On a mixed cluster the overall ranking may show one type only: the best of each type by default.
+    count = args.per_type if args.per_type is not None else (1 if len(cluster.gpu_types()) > 1 else 0)
+    if count < 0:
+        raise ValueError(f"--per-type must be >= 0, got {count}")
+    by_type = per_type(search.plans, count) if count else []
     payload = {
         "job": job.name,
         "cluster": cluster.name,
         "calibration": args.calibration or "shipped",
         **plans_payload(search, args.top, job),
+        "best_per_type": [p.to_dict() for p in by_type],
     }
     text = None
     if args.export:
@@ -364,6 +380,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
         console.print(
             _plans_table(f"{job.name} on {cluster.name}: {len(search.plans)} feasible plans", search, args.top)
         )
+        if by_type:
+            title = f"the best {'plan' if count == 1 else f'{count} plans'} of each GPU type"
+            console.print(_plans_table(title, search, args.top, by_type))
         mins = ", ".join(f"{k}: {v}" for k, v in search.min_gpus_per_type().items())
         console.print(f"minimum GPUs per type: {mins}")
         console.print(_micro_batch_line(job), highlight=False)
@@ -1344,6 +1363,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("job", help="job spec file (YAML or JSON, contract 1) or a shipped job name")
     p.add_argument("--cluster", required=True, help="cluster file or shipped cluster name (contract 2)")
     p.add_argument("--top", type=int, default=10, help="how many plans to show (default 10)")
+    p.add_argument(
+        "--per-type",
+        type=int,
+        help="also show the best N plans of each GPU type (default 1 on a cluster of several types, else 0)",
+    )
     p.add_argument(
         "--headroom", type=float, help="fraction of GPU memory kept free above the upper bound (default: the fit's)"
     )

@@ -98,3 +98,15 @@ def test_status_reads_in_gib_and_hours_with_a_plan_line() -> None:
     assert "peak 35.0 GiB allocated" in text and "2.0h cluster time" in text
     assert "36.0 GiB on each rank (32 ranks)" in text and "+10% vs predicted" in text
     assert "[" not in text and "{" not in text  # no Python or JSON reprs
+
+
+def test_serve_says_what_it_serves() -> None:
+    from frenzy_opt.api.server import banner, build_config
+
+    config = build_config(
+        CLUSTER, db_url="postgresql+psycopg://frenzy:secret@db.example/jobs", time_scale=120.0, create=False
+    )
+    text = banner(config, "0.0.0.0", 8000, num_workers=2)
+    assert "cluster one-node (8 GPUs: 8 x A100-SXM4-80GB)" in text and "executor simulated" in text
+    assert "time scale 120x" in text and "secret" not in text and "***" in text
+    assert "dashboard http://127.0.0.1:8000/ui" in text and "API workers 2" in text
