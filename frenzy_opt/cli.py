@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
+import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -1327,12 +1329,32 @@ def cmd_import(args: argparse.Namespace) -> int:
     return 0
 
 
+def wrap_clauses(line: str, width: int, indent: int = 11) -> str:
+    """A long line broken between its clauses (after ``; `` or ``, ``), never inside one, continuation lines
+    indented past the demo's time stamp; a clause longer than the width stays whole on its own line."""
+    if len(line) <= width:
+        return line
+    pieces = re.split(r"(?<=[;,]) ", line)
+    lines = [pieces[0]]
+    for piece in pieces[1:]:
+        if len(lines[-1]) + 1 + len(piece) <= width:
+            lines[-1] += " " + piece
+        else:
+            lines.append(" " * indent + piece)
+    return "\n".join(lines)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from frenzy_opt.api.server import demo
 
     scenario = load_scenario(args.scenario)
-    console = Console(width=160)
-    result = demo(scenario, time_scale=args.time_scale, say=lambda line: console.print(line, highlight=False))
+    console = Console(soft_wrap=True)
+    width = shutil.get_terminal_size((120, 24)).columns
+
+    def say(line: str) -> None:
+        console.print(wrap_clauses(line, width), highlight=False)
+
+    result = demo(scenario, time_scale=args.time_scale, say=say)
     if args.json:
         sys.stdout.write(json.dumps(result, indent=2) + "\n")
     return 0 if all(state == "succeeded" for state in result["jobs"].values()) else 1

@@ -110,3 +110,17 @@ def test_serve_says_what_it_serves() -> None:
     assert "cluster one-node (8 GPUs: 8 x A100-SXM4-80GB)" in text and "executor simulated" in text
     assert "time scale 120x" in text and "secret" not in text and "***" in text
     assert "dashboard http://127.0.0.1:8000/ui" in text and "API workers 2" in text
+
+
+def test_demo_lines_break_between_clauses_not_inside_them() -> None:
+    from frenzy_opt.cli import wrap_clauses
+
+    line = (
+        "plan    llama3-8b-pretrain       833 memory-feasible plans; fastest 16 x A100-SXM4-80GB, 73.10 s/step, "
+        "70.8 GiB/GPU; fewest GPUs: 2 A100-SXM4-80GB, 8 RTX-3090, 8 V100-SXM2-32GB"
+    )
+    wrapped = wrap_clauses(line, 80).split("\n")
+    assert all(len(part) <= 80 for part in wrapped) and len(wrapped) > 1
+    assert " ".join(part.strip() for part in wrapped) == line  # nothing lost, only line breaks between clauses
+    assert all(part.rstrip().endswith((";", ",")) for part in wrapped[:-1])
+    assert wrap_clauses("short", 80) == "short"
