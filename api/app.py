@@ -28,8 +28,8 @@ from frenzy_opt.api.plansearch import PlanSearches
 from frenzy_opt.api.routes import cluster, jobs, ops, plans
 from frenzy_opt.api.service import Service, unavailable
 from frenzy_opt.api.ui import mount_docs, ui_router
-from frenzy_opt.core.protocols import Executor
 from frenzy_opt.hardware.cluster import ClusterSpec
+from frenzy_opt.launch.executors import Executor
 from frenzy_opt.service.orchestrator import Orchestrator
 from frenzy_opt.service.store import BUSY_TIMEOUT_S, STORE_FAULTS, Store, describe_fault, is_store_fault
 

@@ -53,9 +53,9 @@ from enum import Enum
 from typing import Any
 
 from frenzy_opt.core.enums import SolverStatus
-from frenzy_opt.core.protocols import Admission
 from frenzy_opt.core.readable import human_duration
 from frenzy_opt.hardware.placement import FreeIndex, choose
+from frenzy_opt.planning.interfaces import Admission
 from frenzy_opt.planning.problem import Assignment, Option, ProblemJob, Schedule, SchedulingProblem
 from frenzy_opt.solvers.base import register
 from frenzy_opt.solvers.waterfill import Candidate, divide

@@ -56,12 +56,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from frenzy_opt.core.enums import JobState
-from frenzy_opt.core.protocols import Executor
 from frenzy_opt.core.readable import human_duration
 from frenzy_opt.core.spec import JobSpec, parse_job
 from frenzy_opt.hardware.cluster import ClusterSpec
 from frenzy_opt.hardware.topology import Topology
-from frenzy_opt.launch.executors import ExitInfo, Launch
+from frenzy_opt.launch.executors import Executor, ExitInfo, Launch
 from frenzy_opt.planning.plans import DEFAULT_STEP_MODEL
 from frenzy_opt.planning.problem import (
     Assignment,
