@@ -25,7 +25,7 @@ from frenzy_opt.api.app import ServiceConfig, create_app
 from frenzy_opt.api.auth import load_tenants
 from frenzy_opt.api.httplimits import DEFAULT_LIMITS, HttpLimits, uvicorn_options
 from frenzy_opt.api.workers import WorkerSettings, run_workers
-from frenzy_opt.core.enums import TERMINAL_STATES
+from frenzy_opt.core.enums import TERMINAL_STATES, JobState
 from frenzy_opt.core.machine import free_port
 from frenzy_opt.hardware.cluster import ClusterSpec
 from frenzy_opt.launch.executors import make_executor
@@ -200,7 +200,7 @@ def _spec_json(job: Any) -> dict[str, Any]:
 def _describe(item: dict[str, Any], name: str, now: float, age_s: float) -> str | None:
     """One line for a job's new state."""
     clock = f"[{now / 3600:6.2f} h]"
-    if item["state"] == "running" and item["plan"]:
+    if item["state"] == JobState.RUNNING and item["plan"]:
         plan, nodes = item["plan"], ", ".join(item["placement"]["nodes"])
         par = plan["parallel"]
         shape = f"dp{par['dp']} tp{par['tp']} pp{par['pp']}"
@@ -208,7 +208,7 @@ def _describe(item: dict[str, Any], name: str, now: float, age_s: float) -> str 
         shape += f" zero{par['zero_stage']}"
         hours = plan["est_runtime_s"] / 3600
         return f"{clock} start   {name:<22} {plan['num_gpus']} x {plan['gpu_type']} {shape} on {nodes}; {hours:.2f} h"
-    if item["state"] == "queued":
+    if item["state"] == JobState.QUEUED:
         return f"{clock} wait    {name:<22} {item['reason']}"
     if item["state"] in TERMINAL_STATES:
         return f"{clock} {item['state']:<7} {name:<22} JCT {age_s / 3600:.2f} h"
@@ -259,9 +259,11 @@ def demo(
                             queued_s.get(item["id"], 0.0) + now - max(last_poll, submitted_at[item["id"]])
                         )
                     state, moved = item["state"], attempt.get(item["id"]) != item["attempts"]
-                    if item["id"] not in ids or (seen.get(item["id"]) == state and (state != "running" or not moved)):
+                    if item["id"] not in ids or (
+                        seen.get(item["id"]) == state and (state != JobState.RUNNING or not moved)
+                    ):
                         continue  # nothing new (a job moved to other GPUs is a new attempt)
-                    if state == "running" and seen.get(item["id"]) == "running":
+                    if state == JobState.RUNNING and seen.get(item["id"]) == "running":
                         say(f"[{now / 3600:6.2f} h] moved   {ids[item['id']]:<22} stopped by the HAS and resumed")
                     seen[item["id"]] = item["state"]
                     attempt[item["id"]] = item["attempts"]

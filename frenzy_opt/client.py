@@ -210,11 +210,11 @@ def _cluster_time(seconds: float | None, scale: float) -> str:
 
 def _where(job: dict[str, Any]) -> str:
     """A queued job's position and expected start, a running job's progress, else the reason."""
-    if job["state"] == "queued" and job.get("queue_position") is not None:
+    if job["state"] == JobState.QUEUED and job.get("queue_position") is not None:
         eta = _cluster_time(job.get("estimated_start_in_s"), float(job.get("time_scale") or 1.0))
         return f"#{job['queue_position']}, starts in {eta}"
     progress = job.get("progress") or {}
-    if job["state"] == "running" and progress.get("step") is not None:
+    if job["state"] == JobState.RUNNING and progress.get("step") is not None:
         total = progress.get("steps") or progress.get("train_steps")
         done = f"step {progress['step']}" + (f"/{total}" if total else "")
         return done + (f", {progress['step_time_s']:.2f} s/step" if progress.get("step_time_s") else "")
@@ -329,7 +329,7 @@ def status_text(job: dict[str, Any]) -> str:
     ]
     if _where(job):
         lines.append(f"now: {_where(job)}")
-    if job["state"] == "queued" and job.get("reason") and job.get("queue_position") is not None:
+    if job["state"] == JobState.QUEUED and job.get("reason") and job.get("queue_position") is not None:
         lines.append(f"why: {job['reason']}")
     plan = _plan_line(job)
     if plan:

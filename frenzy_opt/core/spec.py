@@ -86,7 +86,7 @@ class TrainingConfig:
         object.__setattr__(self, "runtime", Runtime(self.runtime))
         if self.loss_chunks is not None:
             _check_positive_int("training.loss_chunks", self.loss_chunks)
-            if self.loss_chunks > 1 and self.runtime != "fsdp2":
+            if self.loss_chunks > 1 and self.runtime != Runtime.FSDP2:
                 raise ValueError(
                     f"training.loss_chunks > 1 is torchtitan's chunked loss (runtime fsdp2); training.runtime "
                     f"is {self.runtime}, which computes the loss on the full logits (use 1 or null)"
@@ -289,7 +289,7 @@ def check_parallel(model: ModelArch, training: TrainingConfig, parallel: Paralle
             f"parallel.pp x parallel.vpp ({parallel.pp * parallel.vpp}) must be <= model.num_layers ({arch.num_layers})"
         )
     if parallel.first_stage_layers is not None or parallel.last_stage_layers is not None:
-        if training.runtime != "megatron":
+        if training.runtime != Runtime.MEGATRON:
             raise ValueError(
                 "parallel.first_stage_layers / last_stage_layers are Megatron-core's uneven pipeline split; "
                 f"training.runtime is {training.runtime}"
@@ -355,9 +355,9 @@ def check_zero_stage(training: TrainingConfig, parallel: ParallelConfig) -> None
 def default_zero_stage(runtime: str, dp: int) -> int:
     """The ZeRO stage a runtime uses unless told otherwise: FSDP2 fully shards (3); Megatron's
     distributed optimizer and DeepSpeed's stage 1 shard optimizer states when data parallel; HF DDP none."""
-    if runtime == "fsdp2":
+    if runtime == Runtime.FSDP2:
         return 3
-    if runtime == "hf":
+    if runtime == Runtime.HF:
         return 0
     return 1 if dp > 1 else 0
 

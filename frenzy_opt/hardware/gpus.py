@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 from importlib import resources
 from typing import Any
 
+from frenzy_opt.core.enums import Precision
 from frenzy_opt.yamlload import load_yaml
 
 
@@ -68,9 +69,9 @@ class GpuType:
 
     def supports(self, precision: str) -> bool:
         """Whether the GPU has tensor cores for ``precision`` (fp32 and fp16 run everywhere)."""
-        if precision == "bf16":
+        if precision == Precision.BF16:
             return self.bf16_tflops is not None
-        if precision == "fp8":
+        if precision == Precision.FP8:
             return self.fp8_tflops is not None
         return True
 

@@ -248,9 +248,9 @@ def describe_layout(parallel: ParallelConfig, micro_batch_size: int) -> str:
 
 def effective_precision(gpu: GpuType, precision: str) -> str:
     """The format the job runs at on ``gpu`` (see module docstring)."""
-    if precision == "fp8" and not gpu.supports("fp8"):
+    if precision == Precision.FP8 and not gpu.supports("fp8"):
         precision = "bf16"
-    if precision == "bf16" and not gpu.supports("bf16"):
+    if precision == Precision.BF16 and not gpu.supports("bf16"):
         precision = "fp16"
     return precision
 

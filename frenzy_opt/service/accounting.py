@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from frenzy_opt.core.enums import JobState
 from frenzy_opt.service.store import EventRecord, JobRecord
 
 _PLACED = re.compile(r"^(?P<n>\d+) x (?P<gpu>\S+) on ")
@@ -65,12 +66,12 @@ def held(record: JobRecord, events: Iterable[EventRecord]) -> list[Held]:
     placed: tuple[int, str] | None = None
     start: float | None = None
     for event in events:
-        if start is not None and event.state != "running":
+        if start is not None and event.state != JobState.RUNNING:
             stretches.append(_held(record, placed, start, event.at))
             start = None
-        if event.state == "scheduled":
+        if event.state == JobState.SCHEDULED:
             placed = placement_of(event.detail)
-        elif event.state == "running" and start is None and placed is not None:
+        elif event.state == JobState.RUNNING and start is None and placed is not None:
             start = event.at
     if start is not None:
         stretches.append(_held(record, placed, start, None))

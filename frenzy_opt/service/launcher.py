@@ -20,7 +20,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from frenzy_opt.core.enums import TERMINAL_STATES
+from frenzy_opt.core.enums import TERMINAL_STATES, JobState
 from frenzy_opt.core.spec import JobSpec
 from frenzy_opt.hardware.cluster import ClusterSpec
 from frenzy_opt.hardware.topology import Topology
@@ -107,7 +107,7 @@ def _payload(spec: JobSpec, record: JobRecord, run_dir: Path) -> dict[str, Any]:
     plan = {k: v for k, v in (record.plan or {}).items() if k != "est_runtime_s"}
     placement = record.placement or {}
     predicted = record.predicted or {}
-    ok = record.state == "succeeded"
+    ok = record.state == JobState.SUCCEEDED
     return {
         "job": spec.to_mapping(),
         "state": "succeeded" if ok else "failed",
