@@ -181,7 +181,7 @@ class Segment:
 
 
 @dataclass(slots=True)
-class JobState:
+class SimJobState:
     job: SimJob
     remaining: float
     status: str = "pending"  # pending -> queued -> running -> (queued ...) -> done
@@ -227,7 +227,7 @@ class Failures:
 @dataclass(slots=True, kw_only=True)
 class SimResult:
     policy: str
-    jobs: dict[str, JobState]
+    jobs: dict[str, SimJobState]
     decision_s: list[float]
     total_gpus: int
     gpus_per_type: dict[str, int]
@@ -337,11 +337,11 @@ class Simulator:
         self.failures = failures
         self.progress = progress
         self.max_idle_ticks = max_idle_ticks
-        self.jobs: dict[str, JobState] = {j.id: JobState(job=j, remaining=float(j.steps)) for j in jobs}
+        self.jobs: dict[str, SimJobState] = {j.id: SimJobState(job=j, remaining=float(j.steps)) for j in jobs}
         self.free: list[int] = [n.num_gpus for n in topology.nodes]
         self.up: list[bool] = [True] * len(topology.nodes)
-        self.queue: dict[str, JobState] = {}
-        self.running: dict[str, JobState] = {}
+        self.queue: dict[str, SimJobState] = {}
+        self.running: dict[str, SimJobState] = {}
         self.now = 0.0
         self.decision_s: list[float] = []
         self._events: list[_Due] = []
@@ -504,7 +504,7 @@ class Simulator:
         end = state.progress_from_s + state.remaining * state.step_s
         self._push(end, Completion(state.job.id, state.epoch))
 
-    def _end_run(self, state: JobState, *, finished: bool, keep_progress: bool) -> None:
+    def _end_run(self, state: SimJobState, *, finished: bool, keep_progress: bool) -> None:
         """Close the current run of a running job at ``now``: progress, segment, GPUs back."""
         option = state.option
         assert option is not None

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Protocol, TypeVar, overload
 if TYPE_CHECKING:
     from frenzy_opt.hardware.topology import Topology
     from frenzy_opt.planning.problem import Option
-    from frenzy_opt.simulation.simulator import Action, Failures, JobState, SimJob, Simulator
+    from frenzy_opt.simulation.simulator import Action, Failures, SimJob, SimJobState, Simulator
 
 
 T = TypeVar("T")
@@ -55,9 +55,9 @@ class ClusterView:
         self._sim = sim
         self._free: Sequence[int] = _ReadOnly[int](sim.free)
         self._up: Sequence[bool] = _ReadOnly[bool](sim.up)
-        self._jobs: Mapping[str, JobState] = MappingProxyType(sim.jobs)
-        self._queue: Mapping[str, JobState] = MappingProxyType(sim.queue)
-        self._running: Mapping[str, JobState] = MappingProxyType(sim.running)
+        self._jobs: Mapping[str, SimJobState] = MappingProxyType(sim.jobs)
+        self._queue: Mapping[str, SimJobState] = MappingProxyType(sim.queue)
+        self._running: Mapping[str, SimJobState] = MappingProxyType(sim.running)
 
     @property
     def topology(self) -> Topology:
@@ -73,15 +73,15 @@ class ClusterView:
         return self._up
 
     @property
-    def jobs(self) -> Mapping[str, JobState]:
+    def jobs(self) -> Mapping[str, SimJobState]:
         return self._jobs
 
     @property
-    def queue(self) -> Mapping[str, JobState]:
+    def queue(self) -> Mapping[str, SimJobState]:
         return self._queue
 
     @property
-    def running(self) -> Mapping[str, JobState]:
+    def running(self) -> Mapping[str, SimJobState]:
         return self._running
 
     @property
