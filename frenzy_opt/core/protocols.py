@@ -11,9 +11,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
+    from frenzy_opt.core.plan import Plan
     from frenzy_opt.launch.executors import Launch, LogChunk, OnExit, OnReport
     from frenzy_opt.models.arch import ModelArch
-    from frenzy_opt.planning.plans import Plan
     from frenzy_opt.planning.problem import Option, PlanFilter, Schedule, SchedulingProblem
     from frenzy_opt.simulation.simulator import Action, SimJob, Simulator
 
