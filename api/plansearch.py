@@ -61,28 +61,13 @@ class TokenBucket:
 
 def plan_summary(spec: JobSpec, cluster: ClusterSpec, step_model: StepTimeModel) -> dict[str, Any]:
     """The dry run's answer for one training step (worker process): plan count, fewest GPUs per type and the
-    first :data:`MAX_TOP_PLANS` plans, fastest first. Raises :class:`NoFeasiblePlan`."""
+    first :data:`MAX_TOP_PLANS` plans, fastest first, each as :meth:`Plan.to_dict` writes it (the shape of a
+    job's ``plan``). Raises :class:`NoFeasiblePlan`."""
     search = search_or_fail(spec, cluster, step_model=step_model)
     min_gpus: dict[str, int] = {}
     for plan in search.plans:
         min_gpus[plan.gpu_type] = min(min_gpus.get(plan.gpu_type, plan.num_gpus), plan.num_gpus)
-    plans = [
-        {
-            "gpu_type": p.gpu_type,
-            "num_gpus": p.num_gpus,
-            "parallel": p.parallel.to_dict(),
-            "micro_batch_size": p.micro_batch_size,
-            "precision": p.precision,
-            "peak_allocated_bytes": p.peak_allocated_bytes,
-            "device_used_bytes": p.device_used_bytes,
-            "step_time_s": p.step_time_s,
-            "step_time_p10_s": p.step_time_p10_s,
-            "step_time_p90_s": p.step_time_p90_s,
-            "est_runtime_s": p.est_runtime_s,
-            "memory_risk": p.memory_risk,
-        }
-        for p in search.plans[:MAX_TOP_PLANS]
-    ]
+    plans = [p.to_dict() for p in search.plans[:MAX_TOP_PLANS]]  # the plan's one wire format
     return {"num_plans": len(search.plans), "min_gpus_per_type": min_gpus, "plans": plans}
 
 

@@ -146,6 +146,9 @@ class JobIn(_Strict):
 
 
 class PlanOut(BaseModel):
+    """A plan as :meth:`frenzy_opt.core.plan.Plan.to_dict` writes it (a job's ``plan`` has the same shape): the
+    micro-batch size is the record's one field, written at the top and inside ``parallel``."""
+
     gpu_type: str
     num_gpus: int
     parallel: dict[str, Any]
@@ -158,6 +161,14 @@ class PlanOut(BaseModel):
     step_time_p90_s: float | None = None
     est_runtime_s: float | None
     memory_risk: bool = False
+    peak_reserved_bytes: int | None = None
+    capacity_bytes: int | None = None
+    peak_allocated_upper_bytes: int | None = None
+    peak_reserved_upper_bytes: int | None = None
+    device_used_upper_bytes: int | None = None
+    required_upper_bytes: int | None = None
+    required_headroom_bytes: int | None = None
+    headroom_bytes: int | None = None
 
 
 class MicroBatchOut(BaseModel):

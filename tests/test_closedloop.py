@@ -8,6 +8,7 @@ from dataclasses import replace
 
 import pytest
 
+from frenzy_opt.core.measurement import Measurement
 from frenzy_opt.core.spec import parse_job
 from frenzy_opt.hardware.gpus import lookup_gpu
 from frenzy_opt.planning.plans import DEFAULT_STEP_MODEL, enumerate_plans
@@ -24,7 +25,7 @@ def _samples(efficiency: float) -> list[Sample]:
     plans = [p for p in enumerate_plans(JOB, CLUSTER).plans if p.gpu_type == "A100-SXM4-80GB"][:6]
     samples = []
     for i, plan in enumerate(plans):
-        base = sample_of(f"j{i}", JOB, plan.to_dict(), {"step_time_s": 1.0}, CLUSTER)
+        base = sample_of(f"j{i}", JOB, plan, Measurement(step_time_s=1.0), CLUSTER)
         assert base is not None
         measured = predicted_step_s(base, truth)
         samples.append(replace(base, step_time_s=measured, peak_memory_bytes=(plan.peak_allocated_bytes,)))
@@ -73,6 +74,19 @@ def test_memory_is_compared_only_for_comparable_measurements() -> None:
 
 
 def test_runs_without_a_step_time_give_no_sample() -> None:
-    plan = enumerate_plans(JOB, CLUSTER).plans[0].to_dict()
-    assert sample_of("x", JOB, plan, {}, CLUSTER) is None
-    assert sample_of("x", JOB, plan, {"steps_run": 0}, CLUSTER) is None
+    plan = enumerate_plans(JOB, CLUSTER).plans[0]
+    assert sample_of("x", JOB, plan, Measurement(), CLUSTER) is None
+    assert sample_of("x", JOB, plan, Measurement.from_dict({"steps_run": 0}), CLUSTER) is None
+
+
+def test_a_sample_runs_the_plan_it_was_given() -> None:
+    """The typed plan reaches the closed loop whole: its layout, micro-batch and the precision it ran at (not
+    the spec's), and its predicted peak."""
+    plan = next(p for p in enumerate_plans(JOB, CLUSTER).plans if p.micro_batch_size > 1 and p.parallel.dp > 1)
+    fp16 = replace(plan, precision="fp16")
+    sample = sample_of("x", JOB, fp16, Measurement(step_time_s=0.5, peak_memory_bytes=(7, 9)), CLUSTER)
+    assert sample is not None
+    assert sample.spec.parallel == plan.parallel
+    assert sample.spec.training.micro_batch_size == plan.micro_batch_size
+    assert sample.precision == sample.spec.training.precision == "fp16" != JOB.training.precision
+    assert sample.predicted_peak_bytes == plan.peak_allocated_bytes and sample.peak_memory_bytes == (7, 9)

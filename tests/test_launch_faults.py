@@ -102,8 +102,8 @@ def test_a_run_that_finished_while_the_service_was_down_is_adopted_and_succeeds_
     assert exits.done.wait(5)
     ((job, attempt, info),) = exits.calls
     assert (job, attempt, info.ok, info.cause) == ("job-done", 1, True, "")
-    assert info.measured["steps_run"] == 2 and info.measured["loss_last"] == 4.0
-    assert info.measured["peak_memory_bytes"] == [1000, 1000]
+    assert info.measured.steps_run == 2 and info.measured.loss_last == 4.0
+    assert info.measured.peak_memory_bytes == (1000, 1000)
 
 
 def test_an_adopted_run_that_dies_without_its_end_record_fails_with_the_cause(tmp_path: Path) -> None:
@@ -117,7 +117,7 @@ def test_an_adopted_run_that_dies_without_its_end_record_fails_with_the_cause(tm
     assert exits.done.wait(5)
     ((_, _, info),) = exits.calls
     assert not info.ok and "without the worker's end record" in info.cause
-    assert info.measured["steps_run"] == 2
+    assert info.measured.steps_run == 2
 
 
 def test_adopting_another_attempt_than_the_run_folder_holds_fails_at_once(tmp_path: Path) -> None:

@@ -88,8 +88,8 @@ def test_ray_actors_train_on_a_placement_group_of_the_gpu_type(local_ray: None, 
     assert executor.bundles(launch) == [{"CPU": 1.0, "gpu_type:CPU-SLOT": 1.0}] * 2
     info = _run(executor, launch)
     assert info.ok, info.cause
-    assert info.measured["steps_run"] == 6 and info.measured["loss_last"] < info.measured["loss_first"]
-    assert len(info.measured["peak_memory_bytes"]) == 2
+    assert info.measured.steps_run == 6 and info.measured.loss_last < info.measured.loss_first
+    assert len(info.measured.peak_memory_bytes) == 2
     log = executor.read_log("ray-ok", 1, 0, 1 << 20)
     assert (
         log is not None

@@ -36,3 +36,11 @@ def parallel_text(parallel: dict[str, Any]) -> str:
     if parallel.get("recompute", "none") != "none":
         parts.append(f"recompute={parallel['recompute']}")
     return " ".join(parts)
+
+
+def cluster_duration(seconds: float, time_scale: float) -> str:
+    """A duration of cluster time as the service says it: plain at time scale 1, else named as cluster time
+    with its wall-time equivalent (``3.4 h of cluster time, 2 min wall at 120x``)."""
+    if time_scale == 1.0:
+        return human_duration(seconds)
+    return f"{human_duration(seconds)} of cluster time, {human_duration(seconds / time_scale)} wall at {time_scale:g}x"

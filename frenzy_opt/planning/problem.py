@@ -15,6 +15,7 @@ from __future__ import annotations
 import gc
 import math
 import sys
+import threading
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
@@ -277,8 +278,11 @@ class OptionCache:
     The searches kept are bounded in bytes (``max_bytes``, :data:`CACHE_BYTES`): each entry's retained size is
     measured when it is inserted (:func:`retained_bytes`), a running total kept, and the least recently used
     entries dropped while the total exceeds the bound. A search made elsewhere (the service's admission, in a
-    worker process) is inserted by :meth:`adopt`. One thread writes the cache; :meth:`cached` may be called
-    from others.
+    worker process) is inserted by :meth:`adopt`.
+
+    One thread writes the cache (a lookup writes too: it searches, inserts or refreshes recency). A cache
+    shared between threads is :meth:`claim`-ed by its writer (the service's scheduling loop), and then any
+    other thread's lookup or adoption fails an assertion; :meth:`cached` (a read) may be called from any thread.
     """
 
     def __init__(
@@ -308,12 +312,24 @@ class OptionCache:
         self.adopted = 0
         """Searches made elsewhere that :meth:`adopt` inserted."""
         self._searches: OrderedDict[tuple[object, ...], tuple[Searched, int]] = OrderedDict()
+        self._writer: int | None = None
+        """The thread that may write (:meth:`claim`); None: whichever thread uses it (a cache of one thread)."""
+
+    def claim(self) -> None:
+        """Make the calling thread the cache's only writer (class docstring)."""
+        self._writer = threading.get_ident()
+
+    def _writing(self) -> None:
+        assert self._writer in (None, threading.get_ident()), (
+            f"plan cache written from thread {threading.current_thread().name!r}, not its writer's"
+        )
 
     def __len__(self) -> int:
         """Searches kept."""
         return len(self._searches)
 
     def _search(self, spec: JobSpec) -> Searched:
+        self._writing()
         key = search_key(spec)
         found = self._searches.get(key)
         if found is not None:
@@ -354,6 +370,7 @@ class OptionCache:
         it, if it was made for ``spec``'s shape with this cache's own step model, filter and option count;
         else (e.g. made before the closed loop replaced the step model) ignore it, and the next lookup
         searches. True if the cache holds the shape's search now."""
+        self._writing()
         key = search_key(spec)
         if key in self._searches:
             return True

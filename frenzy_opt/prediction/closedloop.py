@@ -17,7 +17,10 @@ import statistics
 from dataclasses import dataclass, replace
 from typing import Any
 
-from frenzy_opt.core.spec import JobSpec, plan_layout
+from frenzy_opt.core.enums import Precision
+from frenzy_opt.core.measurement import Measurement
+from frenzy_opt.core.plan import Plan
+from frenzy_opt.core.spec import JobSpec
 from frenzy_opt.hardware.cluster import ClusterSpec
 from frenzy_opt.hardware.gpus import GpuType, lookup_gpu
 from frenzy_opt.hardware.topology import links_for
@@ -48,30 +51,23 @@ class Sample:
         return f"{self.gpu.name}@{self.precision}"
 
 
-def sample_of(
-    job_id: str,
-    spec: JobSpec,
-    plan: dict[str, Any],
-    measured: dict[str, Any],
-    cluster: ClusterSpec,
-) -> Sample | None:
-    """The sample of a finished run from its stored plan and measurement (None without a step time)."""
-    if not measured or not measured.get("step_time_s") or not plan:
+def sample_of(job_id: str, spec: JobSpec, plan: Plan, measured: Measurement, cluster: ClusterSpec) -> Sample | None:
+    """The sample of a finished run from the plan it ran and what it measured (None without a step time)."""
+    if not measured.step_time_s:
         return None
-    job = spec.with_parallel(*plan_layout(plan))
-    job = replace(job, training=replace(job.training, precision=plan["precision"]))
-    gpu = lookup_gpu(plan["gpu_type"])
-    links = links_for(cluster, gpu.name)
+    job = spec.with_parallel(plan.parallel, plan.micro_batch_size)
+    job = replace(job, training=replace(job.training, precision=Precision(plan.precision)))
+    gpu = lookup_gpu(plan.gpu_type)
     return Sample(
         job_id=job_id,
         spec=job,
         gpu=gpu,
-        precision=plan["precision"],
-        links=links,
-        step_time_s=float(measured["step_time_s"]),
-        peak_memory_bytes=tuple(int(b) for b in measured.get("peak_memory_bytes") or ()),
-        memory_source=str(measured.get("memory_source") or ""),
-        predicted_peak_bytes=int(plan["peak_allocated_bytes"]),
+        precision=plan.precision,
+        links=links_for(cluster, gpu.name),
+        step_time_s=float(measured.step_time_s),
+        peak_memory_bytes=measured.peak_memory_bytes or (),
+        memory_source=measured.memory_source or "",
+        predicted_peak_bytes=plan.peak_allocated_bytes,
     )
 
 

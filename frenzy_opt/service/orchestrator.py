@@ -56,7 +56,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from frenzy_opt.core.enums import JobState
-from frenzy_opt.core.readable import human_duration
+from frenzy_opt.core.readable import cluster_duration
 from frenzy_opt.core.spec import JobSpec, parse_job
 from frenzy_opt.hardware.cluster import ClusterSpec
 from frenzy_opt.hardware.topology import Topology
@@ -89,14 +89,6 @@ in https://aws.amazon.com/builders-library/timeouts-retries-and-backoff-with-jit
 # Periodic reviews run at most this often in wall seconds, whatever the time scale (a design choice: at an
 # hour of cluster time per second, a 60 s round would otherwise run 60 decisions a second on an idle queue).
 MIN_REVIEW_WALL_S = 1.0
-
-
-def cluster_duration(seconds: float, time_scale: float) -> str:
-    """A duration of cluster time as the service says it: plain at time scale 1, else named as cluster time
-    with its wall-time equivalent (``3.4 h of cluster time, 2 min wall at 120x``)."""
-    if time_scale == 1.0:
-        return human_duration(seconds)
-    return f"{human_duration(seconds)} of cluster time, {human_duration(seconds / time_scale)} wall at {time_scale:g}x"
 
 
 class Waiter(Protocol):
@@ -409,6 +401,7 @@ class Orchestrator:
         self.store.acquire_writer()
         self.store.on_broken.append(lambda reason: self._events.put(Broken(reason)))
         mark = self.store.last_seq() if self.intake is not None else 0  # before recovery: nothing falls between
+        self.cache.claim()  # recovery here, then the loop: the cache's only writers, one after the other
         self.recover(after=None if self.intake is None else mark)
         self._thread = threading.Thread(target=self._loop, name="frenzy-orchestrator", daemon=True)
         self._thread.start()
@@ -609,6 +602,7 @@ class Orchestrator:
         return max(self.review_every_s / self.time_scale, MIN_REVIEW_WALL_S)
 
     def _loop(self) -> None:
+        self.cache.claim()  # the loop is the plan cache's one writer: the API only reads it (OptionCache.cached)
         while not self._stopping.is_set():
             try:
                 batch = [self._events.get(timeout=self._review_wait_s())]
@@ -804,15 +798,15 @@ class Orchestrator:
             return  # a cancelled or superseded attempt
         self._release(job)
         if info.ok:
-            measured, detail = dict(info.measured or {}), "completed"
+            measured, detail = info.measured, "completed"
             deadline = job.spec.scheduling.deadline_s
             if deadline is not None:
                 ended = self.now() - job.submitted_s
-                measured |= {"deadline_s": deadline, "end_after_submit_s": ended}
-                if ended > deadline:
-                    measured["deadline_missed_by_s"] = ended - deadline
-                    detail = f"completed {cluster_duration(ended - deadline, self.time_scale)} after its deadline"
-            pending.add(job_id, JobState.SUCCEEDED, detail, measured=measured or None)
+                missed = ended - deadline if ended > deadline else None
+                measured = replace(measured, deadline_s=deadline, end_after_submit_s=ended, deadline_missed_by_s=missed)
+                if missed is not None:
+                    detail = f"completed {cluster_duration(missed, self.time_scale)} after its deadline"
+            pending.add(job_id, JobState.SUCCEEDED, detail, measured=measured.to_dict() or None)
             self._learn(job, run, info)
             self._end(job_id)
             return
@@ -821,8 +815,8 @@ class Orchestrator:
     def _learn(self, job: Job, run: Run, info: ExitInfo) -> None:
         """Closed loop: a measured run refits its GPU type's efficiency (:mod:`frenzy_opt.prediction.closedloop`);
         later plan searches use the refitted step-time model."""
-        sample = sample_of(job.id, job.spec, run.option.plan.to_dict(), info.measured, self.cluster)
-        if sample is None or info.measured.get("source") == "simulated":
+        sample = sample_of(job.id, job.spec, run.option.plan, info.measured, self.cluster)
+        if sample is None or info.measured.simulated:
             return
         self.samples.append(sample)
         self.sample_tenants[job.id] = job.tenant
@@ -844,6 +838,7 @@ class Orchestrator:
             except OSError as err:
                 log.warning("closed loop: cannot write calibration profile %s: %s", self.calibration, err)
         self.cache = OptionCache(self.cluster, self.topology, plan_filter=self._plan_filter, step_model=self.step_model)
+        self.cache.claim()
 
     def _retry_or_fail(self, job: Job, cause: str, pending: _Pending) -> None:
         """The attempt failed on its own: a failure, retried while failures <= max_retries."""
@@ -968,7 +963,7 @@ class Orchestrator:
         )
         job.reason = None
         names = tuple(self.topology.nodes[i].name for i in a.nodes)
-        plan = {**a.option.plan.to_dict(), "est_runtime_s": a.option.duration_s}
+        plan = replace(a.option.plan, est_runtime_s=a.option.duration_s).to_dict()
         placement = {"nodes": list(names), "gpus_per_node": a.option.gpus_per_node, "start_s": now}
         detail = placement_detail(a.option.num_gpus, a.option.gpu_type, names)
         p = a.option.plan

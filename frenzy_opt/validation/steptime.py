@@ -462,8 +462,8 @@ def parse_row(row: dict[str, str]) -> StepRun:
 def runs_from_reports(paths: Sequence[str | Path]) -> list[StepRun]:
     """Measured runs from the launcher's JSON reports (``frenzy launch ... --json``): the job, the plan it
     ran and the placement's node size; the measured median step time."""
+    from frenzy_opt.core.plan import Plan
     from frenzy_opt.core.spec import parse_job
-    from frenzy_opt.planning.plans import Plan
 
     runs = []
     for path in paths:

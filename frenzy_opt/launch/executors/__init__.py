@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from frenzy_opt.core.measurement import Measurement
 from frenzy_opt.core.registry import Registry
 from frenzy_opt.core.spec import JobSpec
 from frenzy_opt.planning.problem import Option, PlanFilter
@@ -57,7 +58,7 @@ class Launch:
 class ExitInfo:
     ok: bool
     cause: str = ""
-    measured: dict[str, Any] = field(default_factory=dict)
+    measured: Measurement = field(default_factory=Measurement)
     """What the run measured (per-rank peak memory, step time), when it knows."""
 
 

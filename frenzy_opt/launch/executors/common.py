@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import json
 import statistics
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from frenzy_opt.core.measurement import Measurement
+from frenzy_opt.core.plan import Plan
 from frenzy_opt.core.spec import JobSpec
 from frenzy_opt.launch.executors import Launch
 from frenzy_opt.launch.worker.support import worker_supports
 from frenzy_opt.models.arch import ModelArch
-from frenzy_opt.planning.plans import Plan
 
 
 def plan_supported(plan: Plan, arch: ModelArch) -> bool:
@@ -38,21 +40,23 @@ def prepare_run(workdir: Path, launch: Launch, max_steps: int | None) -> tuple[P
     return job_dir, steps if max_steps is None else min(max_steps, steps)
 
 
-def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
+def summarize(records: list[dict[str, Any]]) -> Measurement:
     """What a run measured, from its report lines: steps, first/last loss, median step time (the first
     step excluded when there are others: it includes warm-up), tokens/s, per-rank peak memory."""
     steps = [r for r in records if r.get("event") == "step"]
     memory = [r for r in records if r.get("event") == "memory"]
     times = [r["step_time_s"] for r in steps]
     steady = times[1:] if len(times) > 1 else times
-    out: dict[str, Any] = {"steps_run": len(steps)}
+    measured = Measurement(steps_run=len(steps))
     if steps:
-        out |= {
-            "loss_first": steps[0]["loss"],
-            "loss_last": steps[-1]["loss"],
-            "step_time_s": statistics.median(steady),
-            "tokens_per_s": statistics.median(r["tokens_per_s"] for r in steps[1:] or steps),
-        }
+        measured = replace(
+            measured,
+            loss_first=steps[0]["loss"],
+            loss_last=steps[-1]["loss"],
+            step_time_s=statistics.median(steady),
+            tokens_per_s=statistics.median(r["tokens_per_s"] for r in steps[1:] or steps),
+        )
     if memory:
-        out |= {"peak_memory_bytes": memory[-1]["peak_memory_bytes"], "memory_source": memory[-1]["source"]}
-    return out
+        peaks = tuple(memory[-1]["peak_memory_bytes"])
+        measured = replace(measured, peak_memory_bytes=peaks, memory_source=memory[-1]["source"])
+    return measured

@@ -37,11 +37,11 @@ from pathlib import Path
 from typing import Any
 
 from frenzy_opt.core.machine import free_port
+from frenzy_opt.core.plan import Plan
 from frenzy_opt.hardware.gpus import lookup_gpu
 from frenzy_opt.launch.executors import ExitInfo, Launch, LogChunk, OnExit, OnReport, attempt_log, read_chunk
 from frenzy_opt.launch.executors.common import job_plan_supported, plan_supported, prepare_run, summarize
 from frenzy_opt.models.arch import ModelArch
-from frenzy_opt.planning.plans import Plan
 from frenzy_opt.planning.problem import PlanFilter
 
 

@@ -20,9 +20,10 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 
+from frenzy_opt.core.measurement import Measurement
+from frenzy_opt.core.plan import Plan
 from frenzy_opt.launch.executors import ExitInfo, Launch, LogChunk, OnExit, OnReport
 from frenzy_opt.models.arch import ModelArch
-from frenzy_opt.planning.plans import Plan
 
 KEPT_LOGS = 10_000
 TENTHS = 10
@@ -94,11 +95,11 @@ class SimulatedExecutor:
             fails = self._rng.random() < self.fail_rate
         wall_s = launch.duration_s / self.time_scale * (0.5 if fails else 1.0)
         plan = launch.option.plan
-        measured = {
-            "source": "simulated",
-            "step_time_s": plan.step_time_s,
-            "peak_memory_bytes": [plan.peak_allocated_bytes] * launch.option.num_gpus,
-        }
+        measured = Measurement(
+            source="simulated",
+            step_time_s=plan.step_time_s,
+            peak_memory_bytes=(plan.peak_allocated_bytes,) * launch.option.num_gpus,
+        )
 
         def finish() -> None:
             with self._lock:
