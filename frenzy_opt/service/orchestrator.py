@@ -210,8 +210,8 @@ class Tick:
 
 
 @dataclass(frozen=True, slots=True)
-class Stop:
-    pass
+class Shutdown:
+    """End the loop (the service is stopping); not a preemption, which is a move of the HAS's review."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,7 +221,7 @@ class Broken:
     reason: str
 
 
-Event = Submitted | Accepted | Exited | CancelRequested | Tick | Stop | Broken
+Event = Submitted | Accepted | Exited | CancelRequested | Tick | Shutdown | Broken
 
 
 ESTIMATED_JOBS = 500
@@ -414,7 +414,7 @@ class Orchestrator:
             self.intake.stop()
         self._stopping.set()
         if self._thread is not None:
-            self._events.put(Stop())
+            self._events.put(Shutdown())
             self._thread.join(timeout)
             self._thread = None
         self.executor.shutdown()
@@ -630,7 +630,7 @@ class Orchestrator:
             return False
         pending = _Pending()
         cancels = [e for e in batch if isinstance(e, CancelRequested)]
-        keep_going = not any(isinstance(e, Stop) for e in batch)
+        keep_going = not any(isinstance(e, Shutdown) for e in batch)
         with self._lock:
             for event in batch:
                 if isinstance(event, Accepted):
