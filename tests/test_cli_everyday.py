@@ -79,7 +79,7 @@ def test_launch_prints_units_and_rounded_figures_and_never_a_none_label(
 
 
 def test_figures_are_printed_with_three_significant_figures_and_a_unit() -> None:
-    from frenzy_opt.cli import _bytes_text, _seconds_text
+    from frenzy_opt.cli.common import _bytes_text, _seconds_text
 
     assert _seconds_text(0.123456) == "123 ms"
     assert _seconds_text(12.3456) == "12.3 s"
@@ -106,7 +106,7 @@ def test_serve_takes_a_plain_path_as_a_sqlite_file_and_explains_a_bad_url(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import frenzy_opt.api.server
-    from frenzy_opt.cli import db_url
+    from frenzy_opt.cli.serve import db_url
 
     assert db_url("myjobs.db") == "sqlite:///myjobs.db"
     assert db_url(str(tmp_path / "jobs.db")) == f"sqlite:///{tmp_path / 'jobs.db'}"

@@ -113,7 +113,7 @@ def test_serve_says_what_it_serves() -> None:
 
 
 def test_demo_lines_break_between_clauses_not_inside_them() -> None:
-    from frenzy_opt.cli import wrap_clauses
+    from frenzy_opt.cli.serve import wrap_clauses
 
     line = (
         "plan    llama3-8b-pretrain       833 memory-feasible plans; fastest 16 x A100-SXM4-80GB, 73.10 s/step, "
