@@ -54,6 +54,7 @@ from frenzy_opt.core.protocols import Admission
 from frenzy_opt.hardware.placement import FreeIndex, choose
 from frenzy_opt.planning.problem import Assignment, Option, ProblemJob, Schedule, SchedulingProblem
 from frenzy_opt.solvers.base import register
+from frenzy_opt.solvers.greedy_index import Priced, Pricing, RankOrder, ShapeBook, price_options
 
 # A deadline is near when less than this many fastest runs of the job are left before it (a design choice:
 # twice the fastest run leaves room for one wait as long as the job itself).
@@ -218,17 +219,10 @@ class _Reservation:
         return found
 
 
-@dataclass(slots=True)
-class _Choice:
-    """A job's best option so far in one decision: its cost, its estimated end, and either the nodes it
-    starts on now or (``nodes`` None) the index in the type's horizon of the running job's end it waits for
-    (-1: none it knows of)."""
-
-    cost: float
-    end: float
-    option: Option
-    nodes: tuple[int, ...] | None
-    wait_for: int
+_Choice = Priced
+"""A job's best option so far in one decision: its cost, its estimated end, and either the nodes it starts on
+now or (``nodes`` None) the index in the type's horizon of the running job's end it waits for (-1: none it
+knows of)."""
 
 
 class _NoChoice(Enum):
@@ -251,6 +245,8 @@ class _Round:
     # Like ``horizons``, dropped for a type when a job starts on it: where each placement shape fits now.
     horizons: dict[str, _Horizon] = field(default_factory=dict)
     fits: dict[tuple[str, int, int], tuple[int, ...] | None] = field(default_factory=dict)
+    books: dict[str, ShapeBook] = field(default_factory=dict)  # the fast path's per-type shapes (greedy_index)
+    floors: dict[str, float] = field(default_factory=dict)  # the fast path's queue-ahead floors, dropped as ``ahead``
     # GPU-seconds ahead of a waiting job on each type: what runs there now, and what earlier jobs of this
     # decision chose to wait for (the queue ahead, as a fluid: Harchol-Balter 2013, ch. 13).
     ahead: dict[str, float] = field(default_factory=dict)
@@ -258,32 +254,32 @@ class _Round:
 
 
 class _Queue(dict[str, ProblemJob]):
-    """The queue: a dict that notes what was put and whether anything left since the decision order was
-    last taken, so that :meth:`GreedyState._order` updates the order instead of sorting the queue again."""
+    """The queue: a dict that notes the ids put or taken since the decision order was last taken, so that
+    :meth:`GreedyState._order` updates the order (:class:`RankOrder`) instead of sorting the queue again."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.added: list[str] = list(self)
-        self.removed = False
+        self.touched: list[str] = list(self)
 
     def __setitem__(self, key: str, value: ProblemJob) -> None:
         super().__setitem__(key, value)
-        self.added.append(key)
+        self.touched.append(key)
 
     def __delitem__(self, key: str) -> None:
         super().__delitem__(key)
-        self.removed = True
+        self.touched.append(key)
 
     def pop(self, key: str, *default: Any) -> Any:
-        self.removed = True
+        self.touched.append(key)
         return super().pop(key, *default)
 
     def popitem(self) -> tuple[str, ProblemJob]:
-        self.removed = True
-        return super().popitem()
+        key, job = super().popitem()
+        self.touched.append(key)
+        return key, job
 
     def clear(self) -> None:
-        self.removed = True
+        self.touched += list(self)
         super().clear()
 
     def setdefault(self, key: str, default: Any = None) -> Any:
@@ -331,8 +327,11 @@ class GreedyState:
 
     _first_start: dict[str, float] = field(default_factory=dict)
     _seq: int = 0
-    _ordered: list[ProblemJob] | None = None
+    _ordered: RankOrder = field(default_factory=RankOrder)
     """The queue in rank order as of the last :meth:`_order` (kept up to date from :class:`_Queue`'s notes)."""
+    fast: bool = True
+    """Price options through the per-decision shape books (:mod:`frenzy_opt.solvers.greedy_index`); False: the
+    plain pricing of :meth:`_price`, the reference the fast path is tested against (same decisions)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.queue, _Queue):
@@ -437,27 +436,16 @@ class GreedyState:
         return key
 
     def _ranked(self) -> list[ProblemJob]:
-        """The queue sorted by :meth:`_rank`: the last order without what left or was replaced, with what was
-        put inserted by bisection (the same order as a full sort: the rank ends with the job's id, so no two
-        are equal). A fresh list; the cached one is never changed in place."""
+        """The queue sorted by :meth:`_rank`: the last order with what left or was replaced taken out and what
+        was put inserted, each by bisection (the same order as a full sort: the rank ends with the job's id, so
+        no two are equal). A fresh list; the kept one is never handed out."""
         queue = self.queue
         if not isinstance(queue, _Queue):  # a plain dict was assigned: take it over (and sort it whole)
             queue = self.queue = _Queue(queue)
-            self._ordered = None
-        order = self._ordered
-        if order is None or len(queue.added) > len(queue) // 4:
-            order = sorted(queue.values(), key=self._rank)
-        else:
-            added = set(queue.added)
-            if queue.removed or added:
-                order = [job for job in order if job.id not in added and queue.get(job.id) is job]
-            for job_id in added:
-                job = queue.get(job_id)
-                if job is not None:
-                    bisect.insort(order, job, key=self._rank)
-        queue.added, queue.removed = [], False
-        self._ordered = order
-        return list(order)
+            self._ordered = RankOrder()
+        touched, queue.touched = queue.touched, []
+        self._ordered.sync(touched, queue.get, self._rank)
+        return list(self._ordered.jobs)
 
     def _order(self, now: float) -> list[ProblemJob]:
         """The queue in decision order (module docstring): rank, with near-deadline jobs moved to the front of
@@ -504,7 +492,7 @@ class GreedyState:
         round_ = _Round(
             now=now,
             free_total=free_total,
-            behind=sum(job.weight for job in order),
+            behind=sum(map(_weight, order)),  # the same sum as job by job, at C speed
             gpus=max(sum(self.capacity.values()), 1),
         )
         for job in order:
@@ -567,7 +555,14 @@ class GreedyState:
             plan_wait = len(round_.reserved) < len(self.free) and round_.analysed < IMPATIENT_WAITS
             passes = ((True,) if room else ()) + ((False,) if plan_wait else ())
         refused = admitted = False  # whether admission refused an option, and let one through
+        pricing = self._pricing(job, round_, admit) if self.fast else None
         for now_only in passes:
+            if pricing is not None:
+                best, no, yes = price_options(self._by_duration(job), pricing, now_only, best)
+                refused, admitted = refused or no, admitted or yes
+                if best is not None and (not now_only or WAIT_GAIN <= 0.0 or not plan_wait):
+                    break
+                continue
             for option in self._by_duration(job):
                 if best is not None and best.cost <= job.weight * option.duration_s:
                     break  # this option and every longer one cost no less than the best so far
@@ -588,6 +583,37 @@ class GreedyState:
             return best
         # admission ruled out every option, or (impatient) its wait was not planned
         return _NoChoice.REFUSED if refused and not admitted else _NoChoice.UNPLANNED
+
+    def _pricing(self, job: ProblemJob, round_: _Round, admit: Admission | None) -> Pricing:
+        """What the fast path (:func:`greedy_index.price_options`) reads to price ``job``'s options."""
+        now = round_.now
+
+        def book(gpu_type: str) -> ShapeBook:
+            found = round_.books[gpu_type] = ShapeBook(
+                free=self.free[gpu_type],
+                reservation=round_.reserved.get(gpu_type),
+                horizon=lambda: self._horizon(gpu_type, round_.horizons),
+            )
+            return found
+
+        def floor(gpu_type: str) -> float:
+            found = round_.floors[gpu_type] = now + self._ahead(gpu_type, now, round_.ahead) / self.capacity[gpu_type]
+            return found
+
+        return Pricing(
+            now=now,
+            weight=job.weight,
+            deadline_s=job.deadline_s,
+            used_scale=self.queue_price * round_.behind,
+            gpus=round_.gpus,
+            books=round_.books,
+            make_book=book,
+            floors=round_.floors,
+            make_floor=floor,
+            allows=None if admit is None else (lambda option: admit.allows(job.id, option)),
+            late_penalty=LATE_PENALTY,
+            wait_gain=WAIT_GAIN,
+        )
 
     def _price(
         self, job: ProblemJob, option: Option, now_only: bool, best: _Choice | None, round_: _Round
@@ -640,11 +666,13 @@ class GreedyState:
             round_.ahead[gpu_type] = (
                 self._ahead(gpu_type, round_.now, round_.ahead) + option.num_gpus * option.duration_s
             )
+            round_.floors.pop(gpu_type, None)
         if choice.wait_for >= 0 and gpu_type not in round_.reserved:
             horizon = self._horizon(gpu_type, round_.horizons)
             round_.reserved[gpu_type] = _Reservation(
                 option, choice.end - option.duration_s, horizon.free_after(choice.wait_for), self.free[gpu_type].size
             )
+            round_.books.pop(gpu_type, None)  # its shapes now fit beside, and wait behind, the reservation
 
     def _start(
         self, job: ProblemJob, choice: _Choice, nodes: tuple[int, ...], round_: _Round, admit: Admission | None
@@ -662,7 +690,9 @@ class GreedyState:
         round_.free_total -= option.num_gpus
         if gpu_type in round_.ahead:
             round_.ahead[gpu_type] += option.num_gpus * option.duration_s
+        round_.floors.pop(gpu_type, None)
         round_.horizons.pop(gpu_type, None)
+        round_.books.pop(gpu_type, None)
         for key in [k for k in round_.fits if k[0] == gpu_type]:
             del round_.fits[key]
         run = _Running(end_s=end, job=job.id, nodes=nodes, per_node=per_node, option=option, problem=job, start_s=now)
@@ -870,18 +900,24 @@ class GreedyState:
         return moves
 
 
+def _weight(job: ProblemJob) -> float:
+    return job.weight
+
+
 @register("greedy")
 class GreedyHAS:
     """Replays the online policy over the problem's arrivals: decide at every arrival and completion."""
 
     name = "greedy"
 
-    def __init__(self, **_: object) -> None:
+    def __init__(self, fast: bool = True, **_: object) -> None:
         self.decision_times_s: list[float] = []
+        self.fast = fast
+        """False: the plain pricing (:attr:`GreedyState.fast`), for tests and benchmarks of the fast path."""
 
     def solve(self, problem: SchedulingProblem) -> Schedule:
         start = time.perf_counter()
-        state = GreedyState(problem)
+        state = GreedyState(problem, fast=self.fast)
         arrivals = sorted(problem.jobs, key=lambda j: (j.arrival_s, j.id))
         assignments: list[Assignment] = []
         i = 0
