@@ -35,7 +35,12 @@ revisits running jobs at the same event:
 
 Free GPUs are kept per type in buckets by free count (best fit in O(node size)), running jobs in a heap by
 end time: a decision never rescans the whole cluster (:meth:`GreedyState.review` walks the running jobs of
-the types waiting jobs ask for).
+the types waiting jobs ask for). The queue is kept in rank order by bisection, and a decision prices each job's
+options from per-type books of placement shapes (:mod:`frenzy_opt.solvers.greedy_index`: a shape's fit, its
+fit beside the reservation and its earliest wait are worked out once per decision, not once per option). A
+decision still walks the queue up to the last job it reaches: every job that waits plans its start and counts
+its work into the queue ahead of the next ones, so its cost grows with the queue's depth
+(``benchmarks/results/has_scale.md``).
 """
 
 from __future__ import annotations
