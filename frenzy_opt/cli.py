@@ -67,6 +67,7 @@ from frenzy_opt.research.experiment import (
     write_plots,
 )
 from frenzy_opt.simulation.simulator import Failures, SimulationError
+from frenzy_opt.simulation.tracemap import REQUEST_POLICIES, describe_requests
 from frenzy_opt.simulation.truth import SIA_TABLES, TruthKind, TruthSpec, truth_spec
 from frenzy_opt.solvers import make_solver
 from frenzy_opt.solvers.base import policy_names
@@ -827,6 +828,13 @@ class _ProgressBar:
         if self.progress is not None:
             self.progress.stop()
 
+    def say(self, line: str) -> None:
+        """A line on stderr (above the bar when there is one)."""
+        if self.progress is not None:
+            self.progress.console.print(line)
+        else:
+            print(line, file=sys.stderr, flush=True)
+
     def __call__(self, policy: str, done: int, total: int) -> None:
         if self.progress is None:
             return
@@ -975,6 +983,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         "truth": truth.describe(),
         "calibration": args.calibration or "shipped",
     }
+    if any(name in REQUEST_POLICIES for name in policies):
+        payload["requests"] = describe_requests([job.request for job in experiment.jobs])
     if args.seeds is None:  # one run: the metrics themselves (contract 3)
         payload["policies"] = {name: policy_payload(r, experiment.truth) for name, r in experiment.results.items()}
         payload["versus_frenzy"] = comparisons(experiment.results)
@@ -1002,6 +1012,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                           f"{m['utilization']:.1%}", f"{m['num_decisions']:.0f}", f"{m['mean_decision_ms']:.3g}",
                           f"{m['p99_decision_ms']:.3g}", f"{m['restarts']:.0f}")  # fmt: skip
         console.print(table)
+        if "requests" in payload:
+            console.print(payload["requests"])
         for name, c in payload["versus_frenzy"].items():
             jct, ratio = c["avg_jct_reduction"], c["decision_time_ratio"]
             console.print(
@@ -1102,7 +1114,7 @@ def _compare_command(args: argparse.Namespace, parser_defaults: dict[str, Any]) 
             command += f" {flag}" if value else ""
         elif value != default:
             command += f" {flag} {value}"
-    return command
+    return command + " --overwrite"  # what regenerates a report in place
 
 
 # Options of ``frenzy compare`` and their defaults, in the order the regenerate command lists them.
@@ -1132,9 +1144,15 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from frenzy_opt.research.report import write_report
 
     setup = _compare_setup(args)
+    out = Path(args.out)
+    if out.exists() and not args.overwrite:
+        raise ValueError(
+            f"--out: {out} exists (a committed report, from the repository root); pass --overwrite to replace it "
+            "or give another path"
+        )
     command = _compare_command(args, COMPARE_OPTIONS)
     with _ProgressBar(sys.stderr.isatty()) as bar:
-        out = write_report(setup, Path(args.out), progress=bar, command=command)
+        out = write_report(setup, out, progress=bar, command=command, announce=bar.say)
     _emit(args, {"report": str(out)}, lambda console: console.print(f"wrote {out}"))
     return 0
 
@@ -1372,6 +1390,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--policy", default=COMPARE_OPTIONS["policy"], help="comma-separated policies")
     p.add_argument("--out", default=DEFAULT_REPORT, help=f"report path (default {DEFAULT_REPORT})")
+    p.add_argument("--overwrite", action="store_true", help="replace the report at --out if it exists")
     p.add_argument("--no-failures", action="store_true", help=f"skip the failure experiment on {DEFAULT_FAILURES[0]}")
     _add_truth_args(p, DEFAULT_COMPARE_TRUTH)
     p.add_argument(

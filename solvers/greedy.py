@@ -28,8 +28,11 @@ revisits running jobs at the same event:
   own run, longest remaining first, when its weighted wait saved exceeds what the stopped jobs lose (their
   restart cost plus its run, weighted) — at most ``max_restarts`` stops per job, and never a job that has
   not yet run past its own restart cost;
-* **elastic growth**: with nobody waiting, a running job moves to a faster plan on idle GPUs (its own
-  included) when the time it saves, restart paid, is over :data:`GROW_GAIN` of its remaining time.
+* **elastic growth**: the GPUs left idle on types no queued job waits for are divided among the running jobs
+  that may move (the :data:`REVIEW_GROWTHS` with the longest remaining time) by marginal gain per GPU
+  (:mod:`frenzy_opt.solvers.waterfill`); a job moves to the faster plan it was given (its own GPUs included)
+  when the time it saves, restart paid, is over :data:`GROW_GAIN` of its remaining time and
+  :data:`MOVE_MARGIN` restarts.
   Shrinking is the preemption above: the stopped job rejoins the queue and takes, by marginal cost, what
   is left beside the short job.
 
@@ -60,6 +63,7 @@ from frenzy_opt.hardware.placement import FreeIndex, choose
 from frenzy_opt.planning.problem import Assignment, Option, ProblemJob, Schedule, SchedulingProblem
 from frenzy_opt.solvers.base import register
 from frenzy_opt.solvers.greedy_index import Priced, Pricing, RankOrder, ShapeBook, price_options
+from frenzy_opt.solvers.waterfill import Candidate, divide
 
 # A deadline is near when less than this many fastest runs of the job are left before it (a design choice:
 # twice the fastest run leaves room for one wait as long as the job itself).
@@ -80,7 +84,7 @@ WAIT_GAIN = 0.5
 # in decision order, each one's cheapest plans, and the running jobs with the longest remaining time for growth.
 REVIEW_WAITING = 4
 REVIEW_OPTIONS = 3
-REVIEW_GROWTHS = 4
+REVIEW_GROWTHS = 16
 # Restarts may take at most this fraction of a job's time since its first start (see GreedyState._movable).
 MAX_OVERHEAD = 0.1
 # A job moved is not moved again before it has run this many times its restart cost (a design choice: two
@@ -121,6 +125,9 @@ class Move:
     reason: str
     """``preempt`` (for a waiting job) or ``grow`` (into idle GPUs)."""
     max_duration_s: float = float("inf")
+    min_duration_s: float = 0.0
+    """A growth's options are cut to ``[min_duration_s, max_duration_s)``: no faster than the plan the
+    division (:mod:`frenzy_opt.solvers.waterfill`) gave it, so it takes no GPUs promised to another job."""
 
 
 class _Horizon:
@@ -792,54 +799,47 @@ class GreedyState:
             return moves
         if sum(index.count for index in self.free.values()) == 0:
             return moves
-        held: list[tuple[str, int, int]] = []  # idle GPUs promised to earlier growths of this review
+        waited = {option.gpu_type for option, _ in self.waiting.values() if option is not None}
+        free = {t: index for t, index in self.free.items() if t not in waited}  # queued jobs' types first
         longest = sorted(
             (r for r in self.by_job.values() if self._movable(r, now, max_restarts)), key=lambda r: (r.end_s, r.seq)
         )[-REVIEW_GROWTHS:]
-        for run in reversed(longest):
+        candidates = []
+        for run in longest:
+            assert run.problem is not None
             options = options_now(run.job)
             if admit is not None:
                 options = tuple(o for o in options if admit.allows(run.job, o))
-            target = self._growth(run, options, run.end_s - now)
-            if target is None:
-                continue
-            limit, option, nodes = target
-            self.release(run.job)
-            for node in nodes:
-                self.free[option.gpu_type].change(node, -option.gpus_per_node)
-                held.append((option.gpu_type, node, option.gpus_per_node))
-            self.restarts[run.job] = self.restarts.get(run.job, 0) + 1
-            moves.append(Move(job=run.job, reason="grow", max_duration_s=limit))
+            candidates.append(
+                Candidate(
+                    job=run.job,
+                    weight=run.problem.weight,
+                    gpu_type=run.gpu_type,
+                    nodes=run.nodes,
+                    per_node=run.per_node,
+                    left_s=run.end_s - now,
+                    restart_s=run.problem.restart_s,
+                    options=options,
+                )
+            )
+        held: list[tuple[str, int, int]] = []  # idle GPUs promised to the grants, until the caller re-decides
+        for grant in divide(candidates, free, grow_gain=GROW_GAIN, margin=MOVE_MARGIN):
+            self.release(grant.job)
+            for node in grant.nodes:
+                self.free[grant.option.gpu_type].change(node, -grant.option.gpus_per_node)
+                held.append((grant.option.gpu_type, node, grant.option.gpus_per_node))
+            self.restarts[grant.job] = self.restarts.get(grant.job, 0) + 1
+            moves.append(
+                Move(
+                    job=grant.job,
+                    reason="grow",
+                    max_duration_s=grant.limit_s,
+                    min_duration_s=grant.option.duration_s,
+                )
+            )
         for gpu_type, node, count in held:
             self.free[gpu_type].change(node, count)
         return moves
-
-    def _growth(
-        self, run: _Running, options: tuple[Option, ...], left: float
-    ) -> tuple[float, Option, tuple[int, ...]] | None:
-        """Where a grown ``run`` goes: the fastest option that fits on idle GPUs (its own counted free) and
-        saves over :data:`GROW_GAIN` of ``left``, with the duration bound its options are then cut to and
-        the nodes it fits on now; None if no option does."""
-        # Options here already carry the restart; what it saves must also exceed the restart by the margin.
-        restart = run.problem.restart_s if run.problem is not None else 0.0
-        limit = min(left * (1.0 - GROW_GAIN), left - MOVE_MARGIN * restart)
-        best: tuple[float, Option, tuple[int, ...]] | None = None
-        for option in sorted(options, key=lambda o: o.duration_s):
-            if option.duration_s >= limit:
-                break
-            index = self.free[option.gpu_type]
-            own = run.gpu_type == option.gpu_type
-            if own:
-                for node in run.nodes:
-                    index.change(node, run.per_node)
-            nodes = index.fit(option)
-            if own:
-                for node in run.nodes:
-                    index.change(node, -run.per_node)
-            if nodes is not None:
-                best = (limit, option, nodes)
-                break
-        return best
 
     def _preempt_for(
         self,

@@ -15,6 +15,7 @@ from frenzy_opt.hardware.topology import Topology
 from frenzy_opt.planning.problem import Schedule, build_problem
 from frenzy_opt.planning.scenario import load_scenario
 from frenzy_opt.plots.gantt import (
+    MAX_FIGURE_HEIGHT_IN,
     Bar,
     gantt_figure,
     job_colours,
@@ -176,6 +177,7 @@ def test_utilization_has_a_subplot_per_policy_and_a_line_per_gpu_type(real: tupl
         assert len(ax.get_lines()) == len(types)
         assert [t.get_text().split()[0] for t in ax.get_legend().get_texts()] == list(types)
         assert max(max(line.get_ydata()) for line in ax.get_lines()) <= 1.0
+    assert not fig.axes[0].get_shared_x_axes().joined(fig.axes[0], fig.axes[1])  # one time axis per policy
     assert len(utilization_figure(results[:1]).axes) == 1
     with pytest.raises(ValueError):
         utilization_figure([])
@@ -190,7 +192,7 @@ def test_gantt_draws_one_rectangle_per_contiguous_gpu_run(real: tuple[list[SimJo
     ax = fig.axes[0]
     assert ax.get_ylim() == (0.0, float(sum(n.num_gpus for n in topology.nodes)))
     assert ax.get_ylabel() == "GPUs (grouped by node)"
-    assert [t.get_text() for t in ax.get_yticklabels()] == list(topology.gpu_types)
+    assert [t.get_text().split("\n")[0] for t in ax.get_yticklabels()] == list(topology.gpu_types)
     assert list(_legend(fig)) == ["j1", "j2", "j3", "j4"]
     # j2 and j3 share node 0 from 1 h: the second takes the GPUs the first left free (rows 2-5, not 0-1).
     rows = sorted(
@@ -220,7 +222,7 @@ def test_gantt_keeps_a_jobs_colour_across_solvers() -> None:
     assert first == {job: tuple(colour) for job, colour in job_colours(j.id for j in problem.jobs).items()}
 
 
-def test_gantt_of_2048_gpus_has_a_row_per_node_and_no_legend(
+def test_gantt_of_2048_gpus_has_two_nodes_per_row_and_no_legend(
     real: tuple[list[SimJob], Topology], tmp_path: Path
 ) -> None:
     topology = Topology(
@@ -239,9 +241,10 @@ def test_gantt_of_2048_gpus_has_a_row_per_node_and_no_legend(
     fig = gantt_figure(bars, topology, "p", max_bars=200)
     ax = fig.axes[0]
     assert sum(n.num_gpus for n in topology.nodes) == 2048
-    assert ax.get_ylim() == (0.0, 256.0) and ax.get_ylabel().startswith("nodes")
+    assert ax.get_ylim() == (0.0, 128.0) and ax.get_ylabel() == "2 nodes per row"
     heights = {round(p.vertices[:, 1].max() - p.vertices[:, 1].min(), 6) for p in _bars(fig).get_paths()}
-    assert heights == {0.5}  # four of a node's eight GPUs: half its row
+    assert heights == {0.25}  # four of a node's eight GPUs, two nodes a row: a quarter of a row
+    assert fig.get_size_inches()[1] <= MAX_FIGURE_HEIGHT_IN
     assert len(_bars(fig).get_paths()) == 200 and ax.get_legend() is None
     assert "only the first 200 of 300" in ax.get_title()
     segments = [_seg(b.job, a100 if b.nodes[0] < 128 else v100, b.nodes, b.per_node, b.start_s, b.end_s) for b in bars]
@@ -250,6 +253,48 @@ def test_gantt_of_2048_gpus_has_a_row_per_node_and_no_legend(
     path = plot_sim_gantt(segments_result, topology, tmp_path / "g.png", max_segments=50)
     assert path.read_bytes()[:8] == PNG_MAGIC
     assert plot_utilization([segments_result], tmp_path / "u.png").read_bytes()[:8] == PNG_MAGIC
+
+
+def test_a_32_node_gantt_is_readable_labels_fit_and_types_name_their_own_block() -> None:
+    """A mixed 32-node cluster (256 GPUs): the figure stays under the height cap, no two job labels overlap and
+    each sits inside its box, and each type's label is at the middle of its own block."""
+    groups = [("H100-SXM5-80GB", 8), ("A100-SXM4-40GB", 8), ("V100-SXM2-32GB", 8), ("L40S", 8)]
+    topology = Topology(
+        parse_cluster(
+            {"node_groups": [{"gpu": g, "num_nodes": n, "gpus_per_node": 8} for g, n in groups],
+             "network": {"inter_node_gbps": 200}}
+        )
+    )  # fmt: skip
+    rng = random.Random(3)
+    bars = [
+        Bar(f"job-{i}", (rng.randrange(32),), rng.choice([1, 2, 4, 8]), s, s + rng.uniform(300, 40_000))
+        for i, s in enumerate(sorted(rng.uniform(0, 80_000) for _ in range(150)))
+    ]
+    fig = gantt_figure(bars, topology, "frenzy")
+    width, height = fig.get_size_inches() * 120
+    assert height <= MAX_FIGURE_HEIGHT_IN * 120 and width <= 12 * 120
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]
+    ax = fig.axes[0]
+    labels = [t for t in ax.texts if t.get_text().startswith("job-")]
+    assert labels  # the longer bars are labelled
+    boxes = [t.get_window_extent(renderer) for t in labels]
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1 :]:
+            assert not a.overlaps(b)
+    # every label lies inside a box of its own job's colour
+    patches = _bars(fig)
+    colours = job_colours(b.job for b in bars)
+    for text, box in zip(labels, boxes, strict=True):
+        inside = [
+            p.get_extents().transformed(ax.transData)
+            for p, face in zip(patches.get_paths(), patches.get_facecolors(), strict=True)
+            if tuple(face) == tuple(colours[text.get_text()])
+        ]
+        assert any(c.x0 <= box.x0 and box.x1 <= c.x1 and c.y0 <= box.y0 and box.y1 <= c.y1 for c in inside)
+    # type labels at the middle of their blocks, in cluster order (blocks of 8 nodes = 8 rows of 8 GPUs)
+    ticks = [(t.get_position()[1], t.get_text().split("\n")[0]) for t in ax.get_yticklabels()]
+    assert ticks == [(4.0 + 8 * k, g) for k, (g, _) in enumerate(groups)]
 
 
 def test_plot_schedule_writes_a_png(tmp_path: Path) -> None:

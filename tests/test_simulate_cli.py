@@ -77,16 +77,26 @@ def test_compare_writes_the_report_with_tables_figures_and_the_bound(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     out_path = tmp_path / "report.md"
-    code, _, _ = _run(
+    code, _, err = _run(
         capsys, "compare", "default", "--policy", "frenzy,fifo,cpsat-offline", "--out", str(out_path), "--no-failures",
         "--truth", "model", "--seeds", "1", "--no-profiled",
     )  # fmt: skip
     assert code == 0
+    assert "compare: section llm (1 of 1, 3 simulations) starts after" in err  # progress, not silence
     text = out_path.read_text(encoding="utf-8")
     assert "| frenzy |" in text and "| fifo |" in text and "| cpsat-offline |" in text
     # The proven lower bound, and every policy's distance above it.
     assert "Lower bound on the average JCT of any policy" in text and "| fifo | +" in text
-    assert "frenzy compare default --policy frenzy,fifo,cpsat-offline" in text
+    assert "frenzy compare default --policy frenzy,fifo,cpsat-offline" in text and "--overwrite" in text
+    # the jobs' origin and what fifo was given are said
+    title = next(line for line in text.splitlines() if line.startswith("## default"))
+    assert "the scenario's own jobs" in title and "Philly-mapped" not in title
+    assert "fifo and gavel run each job's request (6 none given" in text
+    # run again onto the same path: refused unless asked
+    again = ["compare", "default", "--policy", "frenzy", "--out", str(out_path), "--no-failures", "--truth", "model",
+             "--seeds", "1", "--no-profiled"]  # fmt: skip
+    code, _, err = _run(capsys, *again)
+    assert code == 2 and "--overwrite" in err and out_path.read_text(encoding="utf-8") == text
     for figure in ("default-jct-cdf.png", "default-utilization.png", "default-gantt-frenzy.png"):
         assert f"(report/{figure})" in text and (tmp_path / "report" / figure).is_file()
 

@@ -21,7 +21,7 @@ from frenzy_opt.planning.workload import (
     synthetic_trace,
     trace_of,
 )
-from frenzy_opt.simulation.tracemap import TraceMapper, default_request, expand
+from frenzy_opt.simulation.tracemap import TraceMapper, default_request, expand, fastest_request, with_requests
 
 
 def test_synthetic_trace_is_seeded_and_follows_the_philly_distribution() -> None:
@@ -131,6 +131,30 @@ def test_default_request_prefers_the_most_common_type_and_power_of_two_counts(si
     request = default_request(per_count, sia_cache.topology, 3)
     assert request is not None and request.num_gpus == 4  # 3 GPUs asked -> the next power of two
     assert sia_cache.topology.num_gpus_of(request.gpu_type) == 24  # T4 and RTX-2080Ti (24 each) before A100 (16)
+
+
+def test_a_job_without_a_request_asks_for_its_fastest_type_not_the_most_common(sia_cache: OptionCache) -> None:
+    """sia-64 has 24 T4s, 24 RTX-2080Tis and 16 A100s: a hand-written job with no ``request:`` gets the fewest
+    GPUs of the type that runs it fastest per GPU (the A100 for an LLM), as Sia's and Gavel's baselines."""
+    scenario = parse_scenario(
+        {"name": "mine", "cluster": "sia-64",
+         "jobs": [{"id": "a", "model": "gpt3-350m", "training": {"seq_len": 2048, "global_batch_size": 64}},
+                  {"id": "b", "model": "gpt3-125m", "training": {"seq_len": 1024, "global_batch_size": 32},
+                   "request": {"gpu_type": "T4", "num_gpus": 2}}]}
+    )  # fmt: skip
+    jobs = with_requests(scenario, sia_cache).jobs
+    a, b = jobs[0].request, jobs[1].request
+    assert a is not None and a.source == "default" and a.gpu_type == "A100-SXM4-40GB"
+    per_count = sia_cache.per_count(jobs[0].spec)
+    assert a.num_gpus == min(n for t, n in per_count if t == a.gpu_type)
+    assert b is not None and (b.gpu_type, b.num_gpus, b.source) == ("T4", 2, "scenario")
+    # per GPU, the chosen type's step is the cheapest of every type's fewest-GPU plan
+    chosen = per_count[(a.gpu_type, a.num_gpus)]
+    for gpu_type in sia_cache.topology.gpu_types:
+        fewest = min(n for t, n in per_count if t == gpu_type)
+        other = per_count[(gpu_type, fewest)]
+        assert chosen.plan.step_time_s * a.num_gpus <= other.plan.step_time_s * fewest
+    assert fastest_request({}, sia_cache.topology) is None
 
 
 def test_model_mix_override_and_unknown_models(sia_cache: OptionCache) -> None:

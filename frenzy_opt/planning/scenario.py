@@ -29,6 +29,10 @@ class Request:
 
     gpu_type: str
     num_gpus: int
+    source: str = "scenario"
+    """Where it came from: ``scenario`` (the job's ``request:``), ``trace`` (the trace job's GPU count,
+    :mod:`frenzy_opt.simulation.tracemap` and :mod:`frenzy_opt.simulation.siareplay`) or ``default`` (none
+    given: the fewest GPUs of the job's fastest type, :func:`frenzy_opt.simulation.tracemap.fastest_request`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -2,8 +2,11 @@
 
 GPUs are stacked node by node on the y-axis, time in hours on the x-axis. A job keeps its colour across the
 charts of one problem (the colour follows the job's rank among all job ids, not the order a solver started
-them), so two solvers' charts compare at a glance; up to :data:`LEGEND_MAX_JOBS` jobs get a legend. Beyond
-:data:`GPU_ROWS_MAX` GPUs one row is a node (its GPUs split the row), so a 2,048-GPU cluster stays 256 rows.
+them), so two solvers' charts compare at a glance; up to :data:`LEGEND_MAX_JOBS` jobs get a legend. Up to
+:data:`GPU_ROWS_MAX` GPUs a row is a GPU, up to :data:`NODE_ROWS_MAX` nodes a row is a node (its GPUs split the
+row), beyond that a row holds several nodes of one type, so a 2,048-GPU cluster of 8-GPU nodes is 128 rows and
+the figure never exceeds :data:`MAX_FIGURE_HEIGHT_IN`. A job's id is written only inside a box it fits, so
+labels never overlap; each GPU type is named at the middle of its block, with its GPU count.
 """
 
 from __future__ import annotations
@@ -28,10 +31,19 @@ from frenzy_opt.simulation.simulator import SimResult
 PALETTE = "tab20"
 PALETTE_SIZE = 20
 LEGEND_MAX_JOBS = 20
-LABEL_MAX_BARS = 100
-GPU_ROWS_MAX = 256
-NODE_LINES_MAX = 256
-MAX_FIGURE_HEIGHT_IN = 30.0
+GPU_ROWS_MAX = 64
+"""Up to this many GPUs one row is a GPU; beyond, one row is a node (a node's GPUs split its row)."""
+NODE_ROWS_MAX = 128
+"""Beyond this many nodes one row holds several consecutive nodes of one type (each a slice of the row)."""
+NODE_LINES_MAX = 128
+ROW_HEIGHT_IN = 0.12
+MAX_FIGURE_HEIGHT_IN = 16.0
+"""Figures stay under 16 in (1,920 px at the 120 dpi of :func:`save`) whatever the cluster."""
+FIGURE_WIDTH_IN = 12.0
+LABEL_FONT_PT = 6.0
+# A label is drawn only inside a bar it fits: its width estimated at 0.6 em per character, the usual average
+# advance of a sans-serif font (DejaVu Sans digits and lower case: 0.55-0.64 em).
+CHAR_WIDTH_EM = 0.6
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,14 +63,21 @@ def job_colours(jobs: Iterable[str]) -> dict[str, tuple[float, float, float, flo
     return {job: cmap(rank % PALETTE_SIZE) for rank, job in enumerate(sorted(set(jobs)))}
 
 
+def _nodes_per_row(topology: Topology) -> int:
+    """How many nodes share one row: 1 up to :data:`NODE_ROWS_MAX` nodes, else enough to keep the rows under
+    it (a row never mixes GPU types: a type's last row may hold fewer)."""
+    return max(1, -(-len(topology.nodes) // NODE_ROWS_MAX))
+
+
 def _rows(topology: Topology, per_gpu: bool) -> tuple[dict[int, float], dict[int, float], float]:
-    """Each node's first row and the height of one of its GPUs; the total height."""
+    """Each node's first row and the height of one of its GPUs; the total height in rows."""
     first: dict[int, float] = {}
     unit: dict[int, float] = {}
+    share = 1 if per_gpu else _nodes_per_row(topology)
     y = 0.0
     for node in topology.nodes:
         first[node.index] = y
-        unit[node.index] = 1.0 if per_gpu else 1.0 / node.num_gpus
+        unit[node.index] = 1.0 if per_gpu else 1.0 / (node.num_gpus * share)
         y += node.num_gpus * unit[node.index]
     return first, unit, y
 
@@ -84,7 +103,7 @@ def gantt_figure(
 ) -> Figure:
     """The chart of the first ``max_bars`` bars by start time. ``jobs`` (default: the bars' jobs) fixes the
     colours, so charts of the same jobs share them. A job takes the lowest-numbered GPUs of a node that are
-    free at its start."""
+    free at its start; its id is written inside each of its boxes that the text fits (module docstring)."""
     ordered = sorted(bars, key=lambda b: (b.start_s, b.job))
     shown = ordered[:max_bars]
     colours = job_colours(jobs if jobs is not None else (b.job for b in ordered))
@@ -93,10 +112,21 @@ def gantt_figure(
     free_at = {n.index: [0.0] * n.num_gpus for n in topology.nodes}
     verts: list[list[tuple[float, float]]] = []
     faces: list[tuple[float, float, float, float]] = []
-    fig, ax = plt.subplots(figsize=(12, min(MAX_FIGURE_HEIGHT_IN, max(3.0, total * 0.12))))
-    label = len(shown) <= LABEL_MAX_BARS
+    height_in = min(MAX_FIGURE_HEIGHT_IN, max(3.0, total * ROW_HEIGHT_IN + 1.5))
+    fig, ax = plt.subplots(figsize=(FIGURE_WIDTH_IN, height_in))
+    last_h = max((b.end_s for b in shown), default=0.0) / 3600
+    span_h = last_h if last_h > 0 else 1.0
+    # Inches per hour and per row of the plot area (matplotlib's default subplot box: 77.5 % x 77 %, less the
+    # legend's column when there is one).
+    drawn = sorted({b.job for b in shown})
+    legend = 0 < len(drawn) <= LEGEND_MAX_JOBS
+    x_in = FIGURE_WIDTH_IN * (0.62 if legend else 0.775) / span_h
+    y_in = height_in * 0.77 / max(total, 1.0)
+    text_h_in = LABEL_FONT_PT / 72.0
     for bar in shown:
         x0, x1 = bar.start_s / 3600, bar.end_s / 3600
+        text_w_in = CHAR_WIDTH_EM * LABEL_FONT_PT / 72.0 * len(bar.job)
+        wide = (x1 - x0) * x_in >= 1.2 * text_w_in
         for index in bar.nodes:
             slots = [k for k, t in enumerate(free_at[index]) if t <= bar.start_s][: bar.per_node]
             for k in slots:
@@ -106,15 +136,12 @@ def gantt_figure(
                 y1 = y0 + length * unit[index]
                 verts.append([(x0, y0), (x1, y0), (x1, y1), (x0, y1)])
                 faces.append(colours[bar.job])
-            if label and slots:
-                middle = first[index] + (slots[0] + slots[-1] + 1) / 2 * unit[index]
-                ax.text((x0 + x1) / 2, middle, bar.job, ha="center", va="center", fontsize=6)
+                if wide and (y1 - y0) * y_in >= 1.2 * text_h_in:
+                    ax.text((x0 + x1) / 2, (y0 + y1) / 2, bar.job, ha="center", va="center", fontsize=LABEL_FONT_PT)
     ax.add_collection(PolyCollection(verts, facecolors=faces, edgecolors="none"))
     _axes(ax, topology, first, total, per_gpu)
-    last_h = max((b.end_s for b in shown), default=0.0) / 3600
-    ax.set_xlim(0, last_h if last_h > 0 else 1.0)
-    drawn = sorted({b.job for b in shown})
-    if len(drawn) <= LEGEND_MAX_JOBS and drawn:
+    ax.set_xlim(0, span_h)
+    if legend:
         handles = [Patch(facecolor=colours[job], label=job) for job in drawn]
         ax.legend(handles=handles, fontsize=6, loc="upper left", bbox_to_anchor=(1.0, 1.0), title="job")
     if len(ordered) > len(shown):
@@ -125,22 +152,28 @@ def gantt_figure(
 
 
 def _axes(ax: Axes, topology: Topology, first: dict[int, float], total: float, per_gpu: bool) -> None:
-    """Node separators, one tick per GPU type block (or per node on small clusters), labels and limits."""
+    """Node separators, a heavier line between GPU types and each type's name (and GPU count) at the middle of
+    its block, labels and limits."""
     if len(topology.nodes) <= NODE_LINES_MAX:
         for node in topology.nodes:
             ax.axhline(first[node.index], color="grey", linewidth=0.3)
-    ticks: list[float] = []
-    names: list[str] = []
+    blocks: list[tuple[str, float, int]] = []  # (type, first row, GPUs)
     for node in topology.nodes:
-        if not names or names[-1] != node.gpu.name:
-            ticks.append(first[node.index])
-            names.append(node.gpu.name)
+        if not blocks or blocks[-1][0] != node.gpu.name:
+            blocks.append((node.gpu.name, first[node.index], 0))
             ax.axhline(first[node.index], color="black", linewidth=0.8)
-    ax.set_yticks(ticks)
-    ax.set_yticklabels(names, fontsize=7, va="bottom")
+        name, start, gpus = blocks[-1]
+        blocks[-1] = (name, start, gpus + node.num_gpus)
+    ends = [start for _, start, _ in blocks[1:]] + [total]
+    ax.set_yticks([(start + end) / 2 for (_, start, _), end in zip(blocks, ends, strict=True)])
+    ax.set_yticklabels([f"{name}\n({gpus} GPUs)" for name, _, gpus in blocks], fontsize=7, va="center")
     ax.set_ylim(0, max(total, 1.0))
     ax.set_xlabel("time (h)")
-    ax.set_ylabel("GPUs (grouped by node)" if per_gpu else "nodes (a node's GPUs split its row)")
+    if per_gpu:
+        ax.set_ylabel("GPUs (grouped by node)")
+    else:
+        share = _nodes_per_row(topology)
+        ax.set_ylabel("nodes (a node's GPUs split its row)" if share == 1 else f"{share} nodes per row")
 
 
 def save(fig: Figure, path: Path) -> Path:

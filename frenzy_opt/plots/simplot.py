@@ -86,11 +86,12 @@ def _held_at(times: NDArray[np.float64], weights: NDArray[np.int64], grid: NDArr
 
 
 def utilization_figure(results: list[SimResult]) -> Figure:
-    """One subplot per policy (shared x, hours) with the busy fraction of each GPU type over time."""
+    """One subplot per policy, each on its own time axis (hours), with the busy fraction of each GPU type."""
     if not results:
         raise ValueError("plot_utilization needs at least one result")
     height = min(MAX_FIGURE_HEIGHT_IN, max(3.0, 2.5 * len(results)))
-    fig, axes = plt.subplots(len(results), 1, sharex=True, squeeze=False, figsize=(12, height))
+    # each policy on its own time axis: a slow policy's long tail must not squeeze a fast one's run
+    fig, axes = plt.subplots(len(results), 1, squeeze=False, figsize=(12, height))
     for ax, result in zip(axes[:, 0], results, strict=True):
         times, fractions = utilization_series(result)
         hours = np.asarray(times) / 3600
@@ -108,7 +109,8 @@ def utilization_figure(results: list[SimResult]) -> Figure:
         ax.grid(True, linewidth=0.3)
         if fractions:
             ax.legend(fontsize=7, loc="upper right")
-    axes[-1, 0].set_xlabel("time (h)")
+    for ax in axes[:, 0]:
+        ax.set_xlabel("time (h)")
     return fig
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
@@ -18,6 +18,7 @@ from typing import Any
 
 from frenzy_opt.core.machine import describe_machine
 from frenzy_opt.hardware.cluster import ClusterSpec
+from frenzy_opt.planning.scenario import load_scenario
 from frenzy_opt.research.compare import (
     DEFAULT_HOURS_SCENARIOS,
     DEFAULT_SENSITIVITY_POLICIES,
@@ -46,6 +47,7 @@ from frenzy_opt.research.experiment import (
 )
 from frenzy_opt.research.stats import PairedDifference, ci95_half_width, mean
 from frenzy_opt.simulation.simulator import Failures
+from frenzy_opt.simulation.tracemap import REQUEST_POLICIES, describe_requests
 from frenzy_opt.simulation.truth import SIA_TABLES, TruthKind, TruthSpec
 
 POLICY_TEXT = (
@@ -61,6 +63,7 @@ POLICY_TEXT = (
 )
 # The honest labels of the two kinds of workload (docs/simulator.md, Comparison protocol).
 LLM_LABEL = "synthetic LLM mix (Philly-mapped)"
+OWN_LABEL = "the scenario's own jobs"
 SIA_LABEL = "Sia's traces (profiled truth)"
 # The target of issue 12 that the summary checks: frenzy's average JCT at least 20 % below sia's, the paired
 # 95 % interval excluding zero, p99 no worse.
@@ -278,6 +281,7 @@ def report_section(
         f"± the Student-t 95 % half-width. Jobs built (workload mapped, plans searched) in {build:.1f} s over all "
         "samples; sim wall s is per sample; restarts per job pool every job of every sample.",
         "",
+        *_requests_line(runs, payload),
         *_metrics_table(payload, runs),
         *_versus_table(payload, runs),
     ]
@@ -290,6 +294,13 @@ def report_section(
         lines.append(f"![{path.stem}]({rel.as_posix()})")
     lines.append("")
     return lines
+
+
+def _requests_line(runs: SeededRuns, payload: dict[str, dict[str, Any]]) -> list[str]:
+    """What the request-running baselines were given (the first sample's jobs), when one of them ran."""
+    if not any(name.split(" ")[0] in REQUEST_POLICIES for name in payload):
+        return []
+    return [describe_requests([job.request for job in runs.first.jobs]) + " (the first sample's jobs).", ""]
 
 
 # --- sensitivity ---------------------------------------------------------------------------------------
@@ -376,13 +387,25 @@ class _Report:
             self.summary.append((name, len(runs.experiments), paired(runs, "frenzy", "sia")))
 
 
+def workload_label(scenario: str) -> str:
+    """Where a scenario's jobs come from: generated from the Philly distribution (its ``workload:`` section,
+    :data:`LLM_LABEL`), mapped from a trace file's jobs, or written in the scenario file (:data:`OWN_LABEL`)."""
+    workload = load_scenario(scenario).workload
+    if workload is None:
+        return OWN_LABEL
+    if workload.trace is not None:
+        return f"LLM jobs mapped from the trace {Path(workload.trace).name}"
+    return LLM_LABEL
+
+
 def _run_llm(setup: CompareSetup, report: _Report, scenarios: Sequence[str]) -> None:
     for name in scenarios:
         runs = run_seeds(
             name, setup.policies, seeds=setup.seeds, truth=setup.truth, progress=report.progress,
             skip_infeasible=True, bound=True,
         )  # fmt: skip
-        report.add(runs, f"{name} ({setup.truth.kind} truth)", label=f" — {LLM_LABEL}, {setup.truth.kind} truth")
+        label = f" — {workload_label(name)}, {setup.truth.kind} truth"
+        report.add(runs, f"{name} ({setup.truth.kind} truth)", label=label)
 
 
 def _run_failures(setup: CompareSetup, report: _Report) -> None:
@@ -452,12 +475,39 @@ def _summary(report: _Report) -> list[str]:
     return [*lines, ""]
 
 
+def planned_runs(setup: CompareSetup) -> dict[Section, int]:
+    """Simulations each section will run (samples x policies): the weights of the estimate of the time left
+    that :func:`write_report` announces."""
+    n = len(setup.policies)
+    files = sum(len(f) for _, f in setup.sia_sets)
+    return {
+        Section.LLM: len(setup.scenarios) * setup.seeds * n,
+        Section.FAILURES: setup.seeds * len([p for p in setup.policies if p != "cpsat-offline"]),
+        Section.PROFILED: setup.seeds * n,
+        Section.HOURS: len(setup.hours) * setup.seeds * n,
+        Section.SIA_TRACES: files * n,
+        Section.SENSITIVITY: setup.sensitivity_seeds * len(setup.variants) * len(setup.sensitivity_policies),
+    }
+
+
 def write_report(
-    setup: CompareSetup, out: Path, *, progress: Progress | None = None, command: str = "frenzy compare"
+    setup: CompareSetup,
+    out: Path,
+    *,
+    progress: Progress | None = None,
+    command: str = "frenzy compare",
+    announce: Callable[[str], None] | None = None,
 ) -> Path:
     """Run the setup's sections in order and write the Markdown report ``out`` (figures of the first sample
-    next to it, in ``<out stem>/``); the summary and each section's wall time open it."""
+    next to it, in ``<out stem>/``); the summary and each section's wall time open it. ``announce`` hears a
+    line as each section starts, with the time spent and an estimate of the time left (the time per
+    simulation so far times the simulations left; none before the first section ends)."""
     report = _Report(out=out, progress=progress)
+    weights = planned_runs(setup)
+    todo = [s for s in setup.sections if s not in dict(setup.skipped)]
+    total_runs = max(sum(weights[s] for s in todo), 1)
+    done_runs = 0
+    began = time.perf_counter()
     runners = {
         Section.LLM: lambda: _run_llm(setup, report, setup.scenarios),
         Section.FAILURES: lambda: _run_failures(setup, report),
@@ -472,7 +522,16 @@ def write_report(
             report.lines += [f"## Section `{section}` skipped", "", skipped[section], ""]
             continue
         started = time.perf_counter()
+        if announce is not None:
+            spent = started - began
+            left = f", about {spent / done_runs * (total_runs - done_runs) / 60:.0f} min left" if done_runs else ""
+            position = f"{todo.index(section) + 1} of {len(todo)}"
+            announce(
+                f"compare: section {section.value} ({position}, {weights[section]} simulations) starts after "
+                f"{spent / 60:.1f} min{left}"
+            )
         runners[section]()
+        done_runs += weights[section]
         report.timings.append((section.value, time.perf_counter() - started))
     timing = ", ".join(f"`{name}` {s / 60:.1f} min" for name, s in report.timings)
     total = sum(s for _, s in report.timings)

@@ -81,6 +81,9 @@ RETRY_FIRST_S = 0.05
 RETRY_MAX_S = 5.0
 """Back-off of a failed store write: doubling from 50 ms up to 5 s (the usual capped exponential back-off, as
 in https://aws.amazon.com/builders-library/timeouts-retries-and-backoff-with-jitter/)."""
+# Periodic reviews run at most this often in wall seconds, whatever the time scale (a design choice: at an
+# hour of cluster time per second, a 60 s round would otherwise run 60 decisions a second on an idle queue).
+MIN_REVIEW_WALL_S = 1.0
 
 
 class Waiter(Protocol):
@@ -294,8 +297,13 @@ class Orchestrator:
         calibrations: CalibrationStore | None = None,
         preempt: bool | None = None,
         max_restarts: int = 20,
+        review_every_s: float = 60.0,
     ) -> None:
         self.store, self.cluster, self.executor = store, cluster, executor
+        self.review_every_s = review_every_s
+        """Preemptive, a decision (and review) also runs this often in cluster seconds while jobs run, so a
+        job that became movable since the last event can grow (:mod:`frenzy_opt.solvers.waterfill`); 0: only
+        on events."""
         self.time_scale = time_scale
         self.topology = cache.topology if cache is not None else Topology(cluster)
         self._plan_filter = lambda plan, spec: executor.supports(plan, spec.model)
@@ -534,9 +542,18 @@ class Orchestrator:
 
     # --- the loop ---------------------------------------------------------------------------------------
 
+    def _review_wait_s(self) -> float | None:
+        """Wall seconds the loop waits for an event before a periodic review; None: no review is due."""
+        if not self.preempt or self.review_every_s <= 0 or not self.state.by_job:
+            return None
+        return max(self.review_every_s / self.time_scale, MIN_REVIEW_WALL_S)
+
     def _loop(self) -> None:
         while not self._stopping.is_set():
-            batch = [self._events.get()]
+            try:
+                batch = [self._events.get(timeout=self._review_wait_s())]
+            except queue.Empty:
+                batch = []  # no event for a review period: a decision and review with nothing new
             while True:
                 try:
                     batch.append(self._events.get_nowait())
@@ -806,8 +823,10 @@ class Orchestrator:
             self.executor.cancel(move.job)
             job.steps_left = left
             job.moves += 1
-            if move.max_duration_s < math.inf:  # it grows: only the faster plans
-                options = tuple(o for o in options if o.duration_s < move.max_duration_s) or options
+            if move.max_duration_s < math.inf:  # it grows: only the plans the review's division allows
+                options = (
+                    tuple(o for o in options if move.min_duration_s <= o.duration_s < move.max_duration_s) or options
+                )
             why = "for a shorter job" if move.reason == "preempt" else "to grow into idle GPUs"
             pending.add(
                 move.job,

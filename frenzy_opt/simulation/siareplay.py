@@ -237,9 +237,9 @@ def _request(row: SiaRow, per_count: dict[tuple[str, int], Option], topology: To
     for gpu_type in types:
         counts = sorted(n for t, n in per_count if t == gpu_type and n >= row.num_replicas)
         if counts:
-            return Request(gpu_type=gpu_type, num_gpus=counts[0])
+            return Request(gpu_type=gpu_type, num_gpus=counts[0], source="trace")
     fewest = min(per_count, key=lambda k: (k[1], types.index(k[0])))
-    return Request(gpu_type=fewest[0], num_gpus=fewest[1])
+    return Request(gpu_type=fewest[0], num_gpus=fewest[1], source="trace")
 
 
 def sia_jobs(

@@ -18,7 +18,10 @@ The request is what the ``fifo`` and ``gavel`` baselines run (users pick hardwar
 
 from __future__ import annotations
 
+import math
 import random
+from collections import Counter
+from collections.abc import Sequence
 from dataclasses import replace
 
 from frenzy_opt.core.enums import Precision
@@ -51,13 +54,11 @@ def default_request(per_count: dict[tuple[str, int], Option], topology: Topology
     fits no GPU type."""
     types = sorted(topology.gpu_types, key=lambda t: (-topology.num_gpus_of(t), t))
     for gpu_type in types:
-        size = max(topology.nodes[i].num_gpus for i in topology.nodes_of(gpu_type))
-        # Users ask for powers of two inside a server (1, 2, 4, 8) or whole servers.
-        counts = sorted(n for t, n in per_count if t == gpu_type and (n & (n - 1) == 0 or n % size == 0))
+        counts = _asked_counts(per_count, topology, gpu_type)
         if not counts:
             continue
         at_least = [n for n in counts if n >= wanted]
-        return Request(gpu_type=gpu_type, num_gpus=at_least[0] if at_least else counts[-1])
+        return Request(gpu_type=gpu_type, num_gpus=at_least[0] if at_least else counts[-1], source="trace")
     return None
 
 
@@ -132,12 +133,58 @@ def expand(scenario: Scenario, cache: OptionCache | None = None) -> Scenario:
     return replace(scenario, jobs=jobs, workload=None)
 
 
+def fastest_request(per_count: dict[tuple[str, int], Option], topology: Topology) -> Request | None:
+    """What a user asks for a job written without a ``request:``: the fewest GPUs (among the counts users ask
+    for, :func:`_asked_counts`) of the GPU type that runs the job fastest per GPU — the job's own predicted
+    throughput per GPU at that count, so "fastest" is the job's, not a spec sheet's. This is the request
+    Sia's and Gavel's evaluations give their baselines (a job names one GPU count on the best type it
+    fits: Jayaram Subramanya et al. 2023 §6; Narayanan et al. 2020 §6.1). None if no type holds it."""
+    best: tuple[float, str, int] | None = None
+    for gpu_type in sorted(topology.gpu_types):
+        counts = _asked_counts(per_count, topology, gpu_type)
+        if not counts:
+            continue
+        option = per_count[(gpu_type, counts[0])]
+        step_s = option.plan.step_time_s or math.inf
+        gpu_seconds = step_s * counts[0]  # per step: lower is faster per GPU
+        if best is None or gpu_seconds < best[0]:
+            best = (gpu_seconds, gpu_type, counts[0])
+    return None if best is None else Request(gpu_type=best[1], num_gpus=best[2], source="default")
+
+
+def _asked_counts(per_count: dict[tuple[str, int], Option], topology: Topology, gpu_type: str) -> list[int]:
+    """The counts of ``gpu_type`` a user would ask for that fit the job: powers of two inside a server, whole
+    servers beyond, ascending."""
+    size = max(topology.nodes[i].num_gpus for i in topology.nodes_of(gpu_type))
+    return sorted(n for t, n in per_count if t == gpu_type and (n & (n - 1) == 0 or n % size == 0))
+
+
 def with_requests(scenario: Scenario, cache: OptionCache) -> Scenario:
-    """Every job with a request: explicit jobs without one get :func:`default_request` for the fewest GPUs."""
+    """Every job with a request: explicit jobs without one get :func:`fastest_request`."""
     jobs = []
     for job in scenario.jobs:
         if job.request is None:
-            request = default_request(cache.per_count(job.spec), cache.topology, 1)
-            job = replace(job, request=request)
+            job = replace(job, request=fastest_request(cache.per_count(job.spec), cache.topology))
         jobs.append(job)
     return replace(scenario, jobs=tuple(jobs))
+
+
+REQUEST_POLICIES = ("fifo", "gavel")
+"""The policies that run each job's request as given (they do not choose GPU types or counts)."""
+
+
+def describe_requests(requests: Sequence[Request]) -> str:
+    """One sentence on what the request-running baselines (``fifo``, ``gavel``) were given: how many jobs'
+    requests came from where, and the GPU types they name."""
+    if not requests:
+        return "fifo and gavel run each job's request: no jobs"
+    by_source = Counter(r.source for r in requests)
+    names = {
+        "scenario": "written in the scenario",
+        "trace": "the trace's GPU count on the most common type that holds the model",
+        "default": "none given: the fewest GPUs of the job's fastest type per GPU",
+    }
+    sources = "; ".join(f"{n} {names.get(k, k)}" for k, n in sorted(by_source.items()))
+    by_type = Counter(r.gpu_type for r in requests)
+    types = ", ".join(f"{t} {n}" for t, n in sorted(by_type.items(), key=lambda kv: (-kv[1], kv[0])))
+    return f"fifo and gavel run each job's request ({sources}); jobs per requested type: {types}"
