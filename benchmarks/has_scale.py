@@ -1,20 +1,19 @@
-"""How the HAS's decision cost grows with the cluster and the queue: the online replay (``frenzy solve``'s greedy)
-at 2,048 and 16,384 GPUs with 512, 4,096 and 10,000 jobs, queued at once or arriving by a Poisson process, and
-the preemptive policy's decisions in the simulator.
+"""How the HAS's decision cost grows with the cluster and the queue: the online replay (``frenzy solve``'s greedy) at
+2,048 and 16,384 GPUs with 512, 4,096 and 10,000 jobs, queued at once or arriving by a Poisson process, the bound on
+a decision's work against its quality, and the preemptive policy's decisions in the simulator.
 
-    .venv/bin/python benchmarks/has_scale.py [--out benchmarks/results/has_scale.md] [--cap-s 20]
+    .venv/bin/python benchmarks/has_scale.py [--out benchmarks/results/has_scale.md] [--cap-s 20] [--seeds 8]
 
-(a) The replay of ``GreedyHAS.solve`` (decide at every arrival and completion) on 8-GPU nodes split over A100,
-H100 and V100 with the job pool of ``scheduler_benchmarks.py``: per decision the mean and p99 wall time, and the
-whole schedule's wall time per job. Poisson arrivals have a mean gap that shrinks with the cluster (60 s at 2,160
-GPUs) so that the offered load per GPU is the same. A case stops after ``--cap-s`` seconds of decisions (a design
-choice, to keep the run under ~15 minutes: with every job queued at once a decision walks the whole queue, so a
-schedule costs about the square of the jobs); its per-decision figures are then those of the decisions made,
-with the queue at its deepest, and the whole-schedule column says "capped". (b) The fast pricing against the
-plain one (``GreedyState(fast=False)``) on the same instance: wall time and whether the schedules are identical.
-(c) The ``frenzy`` simulator policy (preemptive, elastic) on ``cluster2048-llm`` (1,000 jobs, 2,048 GPUs) under
-the model truth: the simulator's mean and p99 wall time per decision.
-"""
+(a) The replay of ``GreedyHAS.solve`` (decide at every arrival and completion) on 8-GPU nodes split over A100, H100
+and V100 with the job pool of ``scheduler_benchmarks.py``: per decision the mean and p99 wall time, and the whole
+schedule's wall time per job, and the jobs a decision priced (mean and most). Poisson arrivals have a mean gap that
+shrinks with the cluster (60 s at 2,160 GPUs) so that the offered load per GPU is the same. A case stops after
+``--cap-s`` seconds of decisions (a design choice, to keep the run under ~15 minutes); its per-decision figures are
+then those of the decisions made, with the queue at its deepest, and the whole-schedule column says "capped". (b)
+The bound K on a decision's work (``PRICED_JOBS``) against its quality: ``greedy_bound.py``'s table (sum of weight x
+JCT against the unbounded decision, ``--seeds`` instances each). (c) The ``frenzy`` simulator policy (preemptive,
+elastic) on ``cluster2048-llm`` (1,000 jobs, 2,048 GPUs) under the model truth: the simulator's mean and p99 wall
+time per decision."""
 
 from __future__ import annotations
 
@@ -29,6 +28,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import greedy_bound
 import scheduler_benchmarks as bench
 
 from frenzy_opt.hardware.topology import Topology
@@ -36,7 +36,7 @@ from frenzy_opt.planning.problem import Assignment, OptionCache, SchedulingProbl
 from frenzy_opt.planning.scenario import load_scenario
 from frenzy_opt.simulation.simulator import Simulator, sim_jobs
 from frenzy_opt.solvers.base import make_policy
-from frenzy_opt.solvers.greedy import GreedyState
+from frenzy_opt.solvers.greedy import BACKFILL_TESTS, PRICED_JOBS, GreedyState
 
 GPUS = (2048, 16384)
 JOBS = (512, 4096, 10000)
@@ -46,20 +46,20 @@ BASE_GPUS = 2160
 TARGET_DECISION_MS = 1.0  # mean per decision at 2,048 GPUs with 10,000 queued
 TARGET_SMALL_MS_PER_JOB = 1.0  # whole schedule, ~2,048 GPUs, 512 queued at once
 TARGET_LARGE_MS_PER_JOB = 2.0  # whole schedule, ~16,384 GPUs, 4,096 queued at once
-COMPARE = (2048, 512)  # (b): the instance the fast and the plain pricing both schedule
 
 
-def replay(problem: SchedulingProblem, cap_s: float, fast: bool = True) -> tuple[list[Assignment], list[float], bool]:
+def replay(problem: SchedulingProblem, cap_s: float) -> tuple[list[Assignment], list[float], list[int], bool]:
     """``GreedyHAS.solve``'s loop, stopped after ``cap_s`` seconds of decisions: the assignments, each decision's
-    wall time and whether the schedule finished."""
-    state = GreedyState(problem, fast=fast)
+    wall time and jobs priced, and whether the schedule finished."""
+    state = GreedyState(problem)
     arrivals = sorted(problem.jobs, key=lambda j: (j.arrival_s, j.id))
     assignments: list[Assignment] = []
     times: list[float] = []
+    priced: list[int] = []
     i = 0
     while i < len(arrivals) or state.queue:
         if sum(times) > cap_s:
-            return assignments, times, False
+            return assignments, times, priced, False
         next_arrival = arrivals[i].arrival_s if i < len(arrivals) else float("inf")
         now = min(next_arrival, state.running[0][0] if state.running else float("inf"))
         state.complete_until(now)
@@ -69,12 +69,13 @@ def replay(problem: SchedulingProblem, cap_s: float, fast: bool = True) -> tuple
         tick = time.perf_counter()
         assignments += state.decide(now)
         times.append(time.perf_counter() - tick)
-    return assignments, times, True
+        priced.append(state.priced)
+    return assignments, times, priced, True
 
 
 def case(problem: SchedulingProblem, cap_s: float, at_once: bool) -> dict[str, object]:
     start = time.perf_counter()
-    _, times, done = replay(problem, cap_s)
+    _, times, priced, done = replay(problem, cap_s)
     wall = time.perf_counter() - start
     ms = 1e3 * np.array(times)
     return {
@@ -85,6 +86,8 @@ def case(problem: SchedulingProblem, cap_s: float, at_once: bool) -> dict[str, o
         "mean_ms": float(ms.mean()),
         "p99_ms": float(np.percentile(ms, 99)),
         "ms_per_job": 1e3 * wall / len(problem.jobs) if done else None,
+        "priced_mean": float(np.mean(priced)),
+        "priced_max": max(priced),
     }
 
 
@@ -105,10 +108,12 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/has_scale.md"))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cap-s", type=float, default=20.0, help="seconds of decisions per case at most")
+    parser.add_argument("--seeds", type=int, default=8, help="(b): instances per case")
+    parser.add_argument("--bounds", default="16,32,64,96,128", help="(b): values of K")
     args = parser.parse_args()
     load_start = " / ".join(f"{x:.2f}" for x in os.getloadavg())
     started = time.perf_counter()
-    rows, compare = [], None
+    rows = []
     for gpus in GPUS:
         topology = Topology(bench.decision_cluster(gpus))
         pool = bench.template_pool(topology.cluster, topology)
@@ -118,16 +123,9 @@ def main() -> None:
                 problem = bench.random_instance(np.random.default_rng(args.seed), pool, topology, jobs, gap)
                 rows.append(case(problem, args.cap_s, at_once))
                 bench.log(f"  {rows[-1]}")
-                if (gpus, jobs) == COMPARE and at_once:
-                    timed = []
-                    for fast in (True, False):
-                        tick = time.perf_counter()
-                        assignments, _, _ = replay(problem, float("inf"), fast)
-                        timed.append((time.perf_counter() - tick, assignments))
-                    compare = (timed[0][0], timed[1][0], timed[0][1] == timed[1][1])
+    bounds = greedy_bound.sweep(args.seeds, args.bounds)
     sim = simulate()
     load_end = " / ".join(f"{x:.2f}" for x in os.getloadavg())
-    assert compare is not None
     by = {(r["gpus"], r["jobs"], r["arrivals"]): r for r in rows}
     deep = by[(2048, 10000, "at once")]
     small = by[(2048, 512, "at once")]["ms_per_job"]
@@ -147,11 +145,15 @@ def main() -> None:
         "",
         f"## (a) Online replay (`frenzy solve`'s greedy), at most {args.cap_s:g} s of decisions per case",
         "",
-        "| GPUs | jobs | arrivals | decisions | mean decision ms | p99 decision ms | whole schedule ms per job |",
-        "|---:|---:|---|---:|---:|---:|---:|",
+        f"A decision prices fully at most K = {PRICED_JOBS} jobs (`PRICED_JOBS`) and tests at most "
+        f"{BACKFILL_TESTS} more (`BACKFILL_TESTS`), only jobs that could fit now (`solvers/greedy.py`).",
+        "",
+        "| GPUs | jobs | arrivals | decisions | mean decision ms | p99 decision ms | whole schedule ms per job "
+        "| jobs priced per decision, mean / most |",
+        "|---:|---:|---|---:|---:|---:|---:|---:|",
         *(
             f"| {r['gpus']:,} | {r['jobs']:,} | {r['arrivals']} | {r['decisions']:,} | {r['mean_ms']:.3f} | "
-            f"{r['p99_ms']:.3f} | {per_job(r['ms_per_job'])} |"
+            f"{r['p99_ms']:.3f} | {per_job(r['ms_per_job'])} | {r['priced_mean']:.1f} / {r['priced_max']} |"
             for r in rows
         ),
         "",
@@ -164,11 +166,9 @@ def main() -> None:
         f"- < {TARGET_LARGE_MS_PER_JOB:g} ms per job, whole schedule, 16,384 GPUs / 4,096 queued at once: "
         f"{_met(large is not None and large < TARGET_LARGE_MS_PER_JOB)} ({per_job(large)}).",
         "",
-        f"## (b) Fast pricing (shape books) against the plain one, {COMPARE[0]:,} GPUs / {COMPARE[1]} at once",
+        f"## (b) The bound K against quality and cost ({args.seeds} instances per case)",
         "",
-        "| fast s | plain s | speed-up | identical schedules |",
-        "|---:|---:|---:|---|",
-        f"| {compare[0]:.2f} | {compare[1]:.2f} | {compare[1] / compare[0]:.2f}x | {'yes' if compare[2] else 'NO'} |",
+        *greedy_bound.table(bounds, args.seeds),
         "",
         "## (c) Preemptive `frenzy` policy in the simulator, `cluster2048-llm` (model truth)",
         "",

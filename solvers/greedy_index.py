@@ -1,43 +1,109 @@
-"""The greedy HAS's indexes: what one decision of :class:`frenzy_opt.solvers.greedy.GreedyState` would otherwise
-recompute per job and per option, kept once.
+"""The greedy HAS's queue index: what one decision of :class:`frenzy_opt.solvers.greedy.GreedyState` reads of the
+queue without walking it.
 
-* :class:`RankOrder`: the queue in rank order, kept by bisection as jobs are put and leave (a decision used to
-  filter the whole previous order in Python whenever a job had left it).
-* :class:`ShapeBook`: per GPU type and decision, everything about a placement shape that does not depend on the
-  job: the nodes it takes now, whether it fits beside the type's reservation, and the earliest start of a wait
-  for it (the horizon's end it waits for, pushed past the reservation when it does not fit beside it) before
-  the queue-ahead floor. A job's options are then priced with a dictionary look-up and a few arithmetic
-  operations each (:func:`price_options`), instead of a binary search over the type's running jobs per option.
-  Jobs draw their shapes from a few per type (1 to the node size inside a node, a few whole-node counts), so a
-  decision over a deep queue fills each book once and reads it for every job.
+* :class:`Queue`: the queue as a dict that notes the ids put or taken, so the index is brought up to date from
+  the changes alone.
+* :class:`RankOrder`: the queued jobs sorted by their rank key, kept by bisection as jobs are put and leave (a
+  decision iterates it in place, and finds a job's position by bisection); with it
 
-Both are exact accelerations: the decisions are those of the plain pricing (``GreedyState(fast=False)``), which
-``tests/test_greedy_index.py`` checks on random instances, GPU for GPU and second for second.
+  - the weight queued in all (the first job's "weight behind" in the marginal cost), a running sum;
+  - per GPU type, the keys of the queued jobs by the fewest GPUs any of their options takes on the type (a few
+    distinct counts: 1 to the node size, a few whole-node counts), each list in rank order: the jobs that can
+    fit the type's largest free block now are the lists of needs up to that block, merged in rank order
+    (:meth:`RankOrder.fitting`), so a decision looks at no job that fits nowhere;
+  - per GPU type, the GPU-seconds the queued jobs last planned to wait for there (:meth:`RankOrder.plan`; a job
+    never planned counts its option of fewest GPU-seconds, the plan the marginal cost picks behind a long
+    queue), a running sum: the work a bounded decision did not price still counts in the queue ahead.
+
+Every update costs a bisection and a list insertion or deletion (a memory move, O(queue) at C speed); nothing
+here runs Python code per queued job.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+import heapq
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
-from frenzy_opt.planning.problem import Option, ProblemJob
-
-if TYPE_CHECKING:
-    from frenzy_opt.hardware.placement import FreeIndex
+from frenzy_opt.planning.problem import ProblemJob
 
 RankKey = tuple[float, float, float, str]
-_UNKNOWN = ()  # a shape not yet looked up (no placement is empty)
+
+
+class Queue(dict[str, ProblemJob]):
+    """The queue: a dict that notes the ids put or taken since the index was last brought up to date
+    (:meth:`RankOrder.sync`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.touched: list[str] = list(self)
+
+    def __setitem__(self, key: str, value: ProblemJob) -> None:
+        super().__setitem__(key, value)
+        self.touched.append(key)
+
+    def __delitem__(self, key: str) -> None:
+        super().__delitem__(key)
+        self.touched.append(key)
+
+    def pop(self, key: str, *default: Any) -> Any:
+        self.touched.append(key)
+        return super().pop(key, *default)
+
+    def popitem(self) -> tuple[str, ProblemJob]:
+        key, job = super().popitem()
+        self.touched.append(key)
+        return key, job
+
+    def clear(self) -> None:
+        self.touched += list(self)
+        super().clear()
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        if key not in self:
+            self[key] = default
+        return self[key]
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        for key, value in dict(*args, **kwargs).items():
+            self[key] = value
+
+
+def fewest_gpus(job: ProblemJob) -> dict[str, int]:
+    """The fewest GPUs any of the job's options takes, per GPU type it has options on."""
+    fewest: dict[str, int] = {}
+    for option in job.options:
+        fewest[option.gpu_type] = min(option.num_gpus, fewest.get(option.gpu_type, option.num_gpus))
+    return fewest
+
+
+def leanest_work(job: ProblemJob) -> tuple[str, float]:
+    """The GPU type and GPU-seconds of the job's option of fewest GPU-seconds ("", 0 without options)."""
+    option = min(job.options, key=lambda o: o.num_gpus * o.duration_s, default=None)
+    return ("", 0.0) if option is None else (option.gpu_type, option.num_gpus * option.duration_s)
 
 
 class RankOrder:
-    """Queued jobs sorted by their rank key (unique: it ends with the job's id)."""
+    """Queued jobs sorted by their rank key (unique: it ends with the job's id), with the sums and the per-type
+    need lists of the module docstring."""
 
     def __init__(self) -> None:
         self.keys: list[RankKey] = []
         self.jobs: list[ProblemJob] = []
         self.of: dict[str, tuple[RankKey, ProblemJob]] = {}
+        self.weight = 0.0
+        """The weight of every queued job."""
+        self.needs: dict[str, dict[int, list[RankKey]]] = {}
+        """Per GPU type, per fewest GPU count there: the keys of the jobs of that need, in rank order."""
+        self.fewest: dict[str, dict[str, int]] = {}
+        self.planned: dict[str, tuple[str, float]] = {}
+        """Per queued job: the GPU type and GPU-seconds it last planned to wait for (see :meth:`plan`)."""
+        self.planned_work: dict[str, float] = {}
+        """Per GPU type: the sum of :attr:`planned` there."""
+
+    def __len__(self) -> int:
+        return len(self.keys)
 
     def put(self, key: RankKey, job: ProblemJob) -> None:
         """Insert ``job`` under ``key`` (replacing the job of the same id, if any)."""
@@ -46,16 +112,59 @@ class RankOrder:
         self.keys.insert(i, key)
         self.jobs.insert(i, job)
         self.of[job.id] = (key, job)
+        self.weight += job.weight
+        fewest = self.fewest[job.id] = fewest_gpus(job)
+        for gpu_type, need in fewest.items():
+            bisect.insort(self.needs.setdefault(gpu_type, {}).setdefault(need, []), key)
+        self.plan(job.id, *leanest_work(job))
 
     def drop(self, job_id: str) -> None:
         """Remove the job of id ``job_id`` if it is here."""
         found = self.of.pop(job_id, None)
         if found is None:
             return
-        i = bisect.bisect_left(self.keys, found[0])
-        assert self.jobs[i] is found[1]
+        key, job = found
+        i = bisect.bisect_left(self.keys, key)
+        assert self.jobs[i] is job
         del self.keys[i]
         del self.jobs[i]
+        self.weight = self.weight - job.weight if self.of else 0.0  # no drift left once the queue is empty
+        for gpu_type, need in self.fewest.pop(job_id).items():
+            keys = self.needs[gpu_type][need]
+            del keys[bisect.bisect_left(keys, key)]
+        self.plan(job_id, "", 0.0)
+        del self.planned[job_id]
+        if not self.of:
+            self.planned_work = {}
+
+    def plan(self, job_id: str, gpu_type: str, work: float) -> None:
+        """The job now plans ``work`` GPU-seconds on ``gpu_type`` (it chose to wait for such an option)."""
+        old_type, old_work = self.planned.get(job_id, ("", 0.0))
+        if old_type:
+            self.planned_work[old_type] = max(self.planned_work[old_type] - old_work, 0.0)
+        if gpu_type:
+            self.planned_work[gpu_type] = self.planned_work.get(gpu_type, 0.0) + work
+        self.planned[job_id] = (gpu_type, work)
+
+    def position(self, key: RankKey) -> int:
+        """How many queued jobs rank before ``key``."""
+        return bisect.bisect_left(self.keys, key)
+
+    def fitting(self, reach: dict[str, int], after: RankKey | None) -> Iterator[ProblemJob]:
+        """The queued jobs ranked after ``after`` (all: None) whose fewest GPUs on some type are at most that
+        type's ``reach``, in rank order, each once: a merge of the need lists up to each reach."""
+        lists: list[Iterator[RankKey]] = []
+        for gpu_type, most in reach.items():
+            for need, keys in self.needs.get(gpu_type, {}).items():
+                if need <= most and keys:
+                    start = 0 if after is None else bisect.bisect_right(keys, after)
+                    if start < len(keys):
+                        lists.append(_tail(keys, start))
+        last = None
+        for key in heapq.merge(*lists):
+            if key != last:
+                last = key
+                yield self.of[key[3]][1]
 
     def sync(
         self, touched: Sequence[str], current: Callable[[str], ProblemJob | None], rank: Callable[[ProblemJob], RankKey]
@@ -73,145 +182,7 @@ class RankOrder:
                 self.put(rank(job), job)
 
 
-class Reserved(Protocol):
-    """What :class:`ShapeBook` reads of a type's reservation (``greedy._Reservation``)."""
-
-    start: float
-    end: float
-    left: dict[int, int]
-
-    def fits_alongside(self, option: Option) -> bool: ...
-
-
-class Horizon(Protocol):
-    """What :class:`ShapeBook` reads of a type's horizon (``greedy._Horizon``)."""
-
-    ends: list[float]
-
-    def earliest(self, option: Option) -> int: ...
-
-
-@dataclass(slots=True)
-class ShapeBook:
-    """One GPU type's shapes in one decision, keyed by (GPUs, whole nodes); dropped when a job starts on the
-    type or the type gets its reservation (what it holds depends on both)."""
-
-    free: FreeIndex
-    reservation: Reserved | None
-    horizon: Callable[[], Horizon]
-    """The type's horizon in this decision (built on first use)."""
-    nodes: dict[tuple[int, int], tuple[int, ...] | None] = field(default_factory=dict)
-    beside: dict[tuple[int, int], bool] = field(default_factory=dict)
-    waits: dict[tuple[int, int], tuple[float, int]] = field(default_factory=dict)
-
-    def fits_beside(self, option: Option, nodes: tuple[int, ...]) -> bool:
-        """Whether the shape on ``nodes`` leaves the reservation whole if it runs past the reserved start."""
-        key = (option.num_gpus, option.whole_nodes)
-        found = self.beside.get(key)
-        if found is None:
-            assert self.reservation is not None
-            left, part = self.reservation.left, option.gpus_per_node
-            found = self.beside[key] = all(left[n] >= part for n in nodes)
-        return found
-
-    def wait(self, option: Option, now: float) -> tuple[float, int]:
-        """The earliest start of a wait for the shape before the queue-ahead floor (inf: never), and the index
-        of the running job's end it waits for (-1: none it knows of)."""
-        key = (option.num_gpus, option.whole_nodes)
-        found = self.waits.get(key)
-        if found is None:
-            view = self.horizon()
-            index = view.earliest(option)
-            start = float("inf") if index < 0 else max(view.ends[index], now)
-            reservation = self.reservation
-            if reservation is not None and start >= reservation.start and not reservation.fits_alongside(option):
-                start = max(start, reservation.end)  # it queues behind the reserved job
-            found = self.waits[key] = (start, index)
-        return found
-
-
-@dataclass(slots=True)
-class Priced:
-    """A job's best option so far (``greedy._Choice`` once chosen): ``nodes`` None for a wait."""
-
-    cost: float
-    end: float
-    option: Option
-    nodes: tuple[int, ...] | None
-    wait_for: int
-
-
-@dataclass(frozen=True, slots=True)
-class Pricing:
-    """What pricing a job's options reads from the decision (see ``GreedyState._price``)."""
-
-    now: float
-    weight: float
-    deadline_s: float | None
-    used_scale: float
-    """The queue's price of one GPU-second for this job before division by the cluster's GPUs: queue price x
-    weight behind it."""
-    gpus: int
-    books: dict[str, ShapeBook]
-    """The decision's shape books by GPU type (``make_book`` adds a missing one)."""
-    make_book: Callable[[str], ShapeBook]
-    floors: dict[str, float]
-    """The decision's queue-ahead floor by GPU type: when a wait could start at the earliest, with the work
-    ahead on the type spread over its GPUs (``make_floor`` adds a missing one)."""
-    make_floor: Callable[[str], float]
-    allows: Callable[[Option], bool] | None
-    late_penalty: float
-    wait_gain: float
-
-
-def price_options(
-    options: Sequence[Option], pricing: Pricing, now_only: bool, best: Priced | None
-) -> tuple[Priced | None, bool, bool]:
-    """One pass of ``GreedyState._choose`` over ``options`` (shortest first) with the shape books: the best
-    option (or ``best`` kept), whether admission refused an option and whether it let one through. The same
-    operations in the same order as ``GreedyState._price``, so the same floating-point costs."""
-    now, weight, deadline, gpus = pricing.now, pricing.weight, pricing.deadline_s, pricing.gpus
-    books, floors, allows, scale = pricing.books, pricing.floors, pricing.allows, pricing.used_scale
-    refused = admitted = False
-    for option in options:
-        duration = option.duration_s
-        if best is not None and best.cost <= weight * duration:
-            break  # this option and every longer one cost no less than the best so far
-        if allows is not None and not allows(option):
-            refused = True
-            continue
-        admitted = True
-        gpu_type = option.gpu_type
-        book = books.get(gpu_type) or pricing.make_book(gpu_type)
-        key = (option.num_gpus, option.whole_nodes)
-        nodes = book.nodes.get(key, _UNKNOWN)
-        if nodes is _UNKNOWN:
-            nodes = book.nodes[key] = book.free.fit(option)
-        reservation = book.reservation
-        fits_now = nodes is not None and (
-            reservation is None or now + duration <= reservation.start or book.fits_beside(option, nodes)
-        )
-        if now_only and not fits_now:
-            continue
-        used = scale * option.num_gpus * duration / gpus
-        index = -1
-        if fits_now:
-            end = now + duration
-        else:
-            floor = floors.get(gpu_type)
-            if floor is None:
-                floor = pricing.make_floor(gpu_type)
-            if best is not None and best.cost <= weight * (floor + duration - now) + used:
-                continue  # even the queue ahead alone makes it cost no less than the best
-            found = book.waits.get(key)
-            start, index = book.wait(option, now) if found is None else found
-            start = max(start, floor)
-            end, nodes = start + duration, None
-        cost = weight * (end - now) + used
-        if deadline is not None and end > deadline:
-            cost += pricing.late_penalty * weight * (end - deadline)
-        # impatient: waiting must beat the best plan that fits now by the wait gain
-        waits_instead = nodes is None and best is not None and best.nodes is not None
-        if best is None or cost < best.cost * (pricing.wait_gain if waits_instead else 1.0):
-            best = Priced(cost=cost, end=end, option=option, nodes=nodes, wait_for=index)
-    return best, refused, admitted
+def _tail(keys: list[RankKey], start: int) -> Iterator[RankKey]:
+    """``keys[start:]`` without the copy (read while no job enters or leaves the queue)."""
+    for i in range(start, len(keys)):
+        yield keys[i]
