@@ -460,6 +460,7 @@ class GreedyState:
             )
             passes = ((True,) if room else ()) + ((False,) if plan_wait else ())
         refused = admitted = False  # whether admission refused an option, and let one through
+        now = round_.now
         for now_only in passes:
             for option in self._by_duration(job):
                 if best is not None and best.cost <= job.weight * option.duration_s:
@@ -468,7 +469,10 @@ class GreedyState:
                     refused = True
                     continue
                 admitted = True
-                candidate = self._price(job, option, now_only, best, round_)
+                used = self.queue_price * round_.behind * option.num_gpus * option.duration_s / round_.gpus
+                if best is not None and best.cost <= job.weight * (now + option.duration_s - now) + used:
+                    continue  # even started now it costs no less than the best (the same sum as _price's)
+                candidate = self._price(job, option, now_only, best, round_, used)
                 if candidate is None:
                     continue
                 # impatient: waiting must beat the best plan that fits now by WAIT_GAIN
@@ -483,11 +487,11 @@ class GreedyState:
         return _NoChoice.REFUSED if refused and not admitted else _NoChoice.UNPLANNED
 
     def _price(
-        self, job: ProblemJob, option: Option, now_only: bool, best: _Choice | None, round_: _Round
+        self, job: ProblemJob, option: Option, now_only: bool, best: _Choice | None, round_: _Round, used: float
     ) -> _Choice | None:
         """What ``option`` would cost the job: started now if it fits (next to the type's reservation), else
-        started when the horizon, the reservation and the queue ahead allow. None when ``now_only`` and it
-        does not fit now, or when waiting cannot beat ``best``."""
+        started when the horizon, the reservation and the queue ahead allow; ``used``: its GPU-seconds' term
+        (:meth:`_used`). None when ``now_only`` and it does not fit now, or when waiting cannot beat ``best``."""
         now, gpu_type = round_.now, option.gpu_type
         shape = (gpu_type, option.num_gpus, option.whole_nodes)
         if shape in round_.fits:
@@ -502,7 +506,6 @@ class GreedyState:
         )
         if now_only and not fits_now:
             return None
-        used = self._used(round_.behind, option, round_.gpus)
         index = -1
         if fits_now:
             end = now + option.duration_s
