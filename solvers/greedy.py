@@ -295,6 +295,9 @@ class GreedyState:
             self._ordered = RankOrder()
         touched, queue.touched = queue.touched, []
         self._ordered.sync(touched, queue.get, self._rank)
+        for job_id in touched:
+            if job_id not in queue:
+                self._deadlines.discard(job_id)  # _order reads what is left, every decision
         return self._ordered
 
     def _order(self, now: float) -> Iterator[ProblemJob]:
