@@ -28,8 +28,8 @@ from frenzy_opt.api.plansearch import PlanSearches
 from frenzy_opt.api.routes import cluster, jobs, ops, plans
 from frenzy_opt.api.service import Service, unavailable
 from frenzy_opt.api.ui import mount_docs, ui_router
-from frenzy_opt.core.protocols import Executor
 from frenzy_opt.hardware.cluster import ClusterSpec
+from frenzy_opt.launch.executors import Executor
 from frenzy_opt.service.orchestrator import Orchestrator
 from frenzy_opt.service.store import BUSY_TIMEOUT_S, STORE_FAULTS, Store, describe_fault, is_store_fault
 
@@ -43,8 +43,9 @@ class ServiceConfig:
     executor: Executor
     tenants: TenantConfig = field(default_factory=TenantConfig)
     time_scale: float = 1.0
-    decision_wait_s: float = 0.25
-    """How long a submission waits for the scheduler's first decision on it before answering."""
+    decision_wait_s: float = 0.0
+    """How long a submission without ``?wait`` waits for the scheduler's first decision on it before answering
+    (0: it is answered once stored, the decision follows)."""
     max_body_bytes: int = MAX_BODY_BYTES
     calibration: str | None = None
     """A step-time calibration profile (:mod:`frenzy_opt.prediction.calibrations`): plans use it, the closed loop
@@ -65,6 +66,9 @@ class ServiceConfig:
     """Dry runs one tenant may request per minute (a token bucket of ``plans_burst``), and, in a bucket of its
     own, submissions of a job shape the scheduler has not planned yet; more get 429."""
     plans_burst: int = 20
+    intake: bool = False
+    """Jobs arrive as rows other processes commit (``frenzy serve --workers N``, :mod:`frenzy_opt.api.workers`):
+    the orchestrator reads them from the store (:mod:`frenzy_opt.service.intake`)."""
 
 
 def create_app(config: ServiceConfig) -> FastAPI:
@@ -79,6 +83,7 @@ def create_app(config: ServiceConfig) -> FastAPI:
         quotas=config.tenants.quotas,
         on_decision=metrics.on_decision,
         calibration=config.calibration,
+        intake=config.intake,
     )
     for gpu in config.cluster.gpu_types():
         metrics.gpus_total.labels(gpu.name).set(config.cluster.num_gpus_of(gpu.name))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from frenzy_opt.core.spec import ATTENTIONS, OPTIMIZERS, PRECISIONS, PRIORITY_RANGE, RECOMPUTES, RUNTIMES
 
@@ -60,6 +60,7 @@ class ArchitectureIn(_Strict):
 class TrainingIn(_Strict):
     seq_len: int = Field(default=2048, ge=1, le=1_048_576)
     micro_batch_size: int = Field(default=1, ge=1, le=65_536)
+    pin_micro_batch: bool = False
     global_batch_size: int = Field(default=512, ge=1, le=16_777_216)
     train_steps: int = Field(default=1000, ge=1, le=100_000_000)
     precision: Precision = "bf16"
@@ -115,6 +116,18 @@ class JobIn(_Strict):
         description="failed attempts retried; moves (preemption, a service restart) do not count",
     )
 
+    @field_validator("model")
+    @classmethod
+    def _no_file_paths(cls, value: Any) -> Any:
+        """A path to a Hugging Face config.json is the CLI's (``frenzy submit``/``plan`` read the file there and
+        send the architecture): the service reads no files a request names."""
+        if isinstance(value, str) and (value.endswith(".json") or "/" in value):
+            raise ValueError(
+                "model: a file path is read by the CLI, not the service; send a catalogue name or an inline "
+                "architecture (frenzy submit JOB reads a config.json path and sends its architecture)"
+            )
+        return value
+
     def spec_mapping(self) -> dict[str, Any]:
         """The contract-1 mapping :func:`frenzy_opt.core.spec.parse_job` reads."""
         data: dict[str, Any] = {
@@ -147,10 +160,18 @@ class PlanOut(BaseModel):
     memory_risk: bool = False
 
 
+class MicroBatchOut(BaseModel):
+    """Whether the plans keep the spec's micro-batch (``training.pin_micro_batch``) or searched it."""
+
+    pinned: bool
+    searched: list[int]
+
+
 class PlansOut(BaseModel):
     cluster: str
     num_plans: int
     min_gpus_per_type: dict[str, int]
+    micro_batch: MicroBatchOut
     plans: list[PlanOut]
 
 
@@ -184,11 +205,20 @@ class JobOut(BaseModel):
     queue_position: int | None = None
     """While queued: 1 for the job the next scheduling decision considers first."""
     estimated_start_in_s: float | None = None
-    """While queued: seconds until the GPUs it waits for are expected free, from the scheduler's reservation
-    for it (the predicted ends of the jobs running and waiting ahead); null when not yet planned."""
+    """While queued: seconds of cluster time (see ``time_scale``) until the GPUs it waits for are expected
+    free, from the scheduler's reservation for it (the predicted ends of the jobs running and waiting ahead);
+    null when not yet planned."""
     waiting_for: str | None = None
     """While queued: the GPUs it waits for (``<count> x <GPU type>``)."""
     history: list[EventOut] | None = None
+    deadline_risk: bool | None = None
+    """With ``scheduling.deadline_s``: whether the job's plan is predicted to end after its deadline (queued:
+    the planned wait and run; placed: the placement's predicted end); null without a deadline or a plan."""
+    deadline_missed_by_s: float | None = None
+    """After it ended: cluster seconds past its deadline it ended (null: no deadline, or met)."""
+    time_scale: float = 1.0
+    """Cluster seconds per wall second (the simulated executor's ``--time-scale``; 1 on real GPUs): every
+    duration the service answers is cluster time."""
 
 
 class JobListOut(BaseModel):

@@ -14,6 +14,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,8 @@ import uvicorn
 from frenzy_opt.api.app import ServiceConfig, create_app
 from frenzy_opt.api.auth import load_tenants
 from frenzy_opt.api.httplimits import DEFAULT_LIMITS, HttpLimits, uvicorn_options
-from frenzy_opt.core.enums import TERMINAL_STATES
+from frenzy_opt.api.workers import WorkerSettings, run_workers
+from frenzy_opt.core.enums import TERMINAL_STATES, JobState
 from frenzy_opt.core.machine import free_port
 from frenzy_opt.hardware.cluster import ClusterSpec
 from frenzy_opt.launch.executors import make_executor
@@ -42,7 +44,7 @@ def build_config(
     tokens: str | None = None,
     time_scale: float = 1.0,
     fail_rate: float = 0.0,
-    decision_wait_s: float = 0.25,
+    decision_wait_s: float = 0.0,
     workdir: str = "frenzy-runs",
     calibration: str | None = None,
     create: bool = True,
@@ -68,10 +70,41 @@ def build_config(
     )
 
 
-def serve(config: ServiceConfig, host: str, port: int, limits: HttpLimits = DEFAULT_LIMITS) -> None:
+def banner(config: ServiceConfig, host: str, port: int, num_workers: int = 1) -> str:
+    """What ``frenzy serve`` says as it starts: the cluster, executor, time scale, database, workers, tenants
+    and the URLs of the API, its docs and the dashboard (a password in the database URL is masked)."""
+    from sqlalchemy.engine import make_url
+
+    cluster = config.cluster
+    types = ", ".join(f"{cluster.num_gpus_of(g.name)} x {g.name}" for g in cluster.gpu_types())
+    url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+    scale = "1 (real time)" if config.time_scale == 1 else f"{config.time_scale:g}x (cluster time runs faster)"
+    tenants = len(config.tenants.tokens) if config.tenants.tokens else 0
+    return "\n".join(
+        [
+            f"frenzy serve: cluster {cluster.name} ({cluster.num_gpus} GPUs: {types})",
+            f"  executor {config.executor.name}, time scale {scale}",
+            f"  database {make_url(config.db_url).render_as_string(hide_password=True)}",
+            f"  API workers {num_workers}; tenants: {tenants or 'none (local mode, no token needed)'}",
+            f"  calibration {config.calibration or 'shipped step-time parameters'}",
+            f"  API {url}/v1   docs {url}/docs   dashboard {url}/ui",
+        ]
+    )
+
+
+def serve(
+    config: ServiceConfig,
+    host: str,
+    port: int,
+    limits: HttpLimits = DEFAULT_LIMITS,
+    workers: WorkerSettings | None = None,
+    num_workers: int = 1,
+) -> None:
     """Run the service until interrupted, with the HTTP ``limits`` (``api/httplimits.py``). The store's
     integrity check and writer lock come first: a corrupt database or one another service writes ends here
-    with the reason, before any row is touched."""
+    with the reason, before any row is touched. With ``num_workers`` > 1, this process is the scheduler and
+    ``num_workers`` API worker processes serve the port (:mod:`frenzy_opt.api.workers`)."""
+    config.intake = num_workers > 1
     try:
         app = create_app(config)
         app.state.service.store.acquire_writer()
@@ -79,7 +112,27 @@ def serve(config: ServiceConfig, host: str, port: int, limits: HttpLimits = DEFA
         raise SystemExit(f"frenzy serve: {err}") from None
     # The scheduler's decisions and warnings go to stderr at INFO next to uvicorn's access log.
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    uvicorn.run(app, host=host, port=port, log_level="info", **uvicorn_options(limits))
+    print(banner(config, host, port, num_workers), file=sys.stderr, flush=True)
+    if num_workers <= 1:
+        uvicorn.run(app, host=host, port=port, log_level="info", **uvicorn_options(limits))
+        return
+    assert workers is not None
+    private = free_port("127.0.0.1")
+    scheduler = uvicorn.Server(
+        uvicorn.Config(app, host="127.0.0.1", port=private, log_level="warning", **uvicorn_options(limits))
+    )
+    thread = threading.Thread(target=scheduler.run, name="frenzy-scheduler-http", daemon=True)
+    thread.start()
+    while not scheduler.started:
+        if not thread.is_alive():
+            raise SystemExit("frenzy serve: the scheduler process's own server did not start")
+        time.sleep(0.02)
+    settings = replace(workers, scheduler_url=f"http://127.0.0.1:{private}", parent_pid=os.getpid())
+    try:
+        run_workers(settings, num_workers, host, port, limits)
+    finally:
+        scheduler.should_exit = True
+        thread.join(30)
 
 
 @contextlib.contextmanager
@@ -147,7 +200,7 @@ def _spec_json(job: Any) -> dict[str, Any]:
 def _describe(item: dict[str, Any], name: str, now: float, age_s: float) -> str | None:
     """One line for a job's new state."""
     clock = f"[{now / 3600:6.2f} h]"
-    if item["state"] == "running" and item["plan"]:
+    if item["state"] == JobState.RUNNING and item["plan"]:
         plan, nodes = item["plan"], ", ".join(item["placement"]["nodes"])
         par = plan["parallel"]
         shape = f"dp{par['dp']} tp{par['tp']} pp{par['pp']}"
@@ -155,7 +208,7 @@ def _describe(item: dict[str, Any], name: str, now: float, age_s: float) -> str 
         shape += f" zero{par['zero_stage']}"
         hours = plan["est_runtime_s"] / 3600
         return f"{clock} start   {name:<22} {plan['num_gpus']} x {plan['gpu_type']} {shape} on {nodes}; {hours:.2f} h"
-    if item["state"] == "queued":
+    if item["state"] == JobState.QUEUED:
         return f"{clock} wait    {name:<22} {item['reason']}"
     if item["state"] in TERMINAL_STATES:
         return f"{clock} {item['state']:<7} {name:<22} JCT {age_s / 3600:.2f} h"
@@ -206,9 +259,11 @@ def demo(
                             queued_s.get(item["id"], 0.0) + now - max(last_poll, submitted_at[item["id"]])
                         )
                     state, moved = item["state"], attempt.get(item["id"]) != item["attempts"]
-                    if item["id"] not in ids or (seen.get(item["id"]) == state and (state != "running" or not moved)):
+                    if item["id"] not in ids or (
+                        seen.get(item["id"]) == state and (state != JobState.RUNNING or not moved)
+                    ):
                         continue  # nothing new (a job moved to other GPUs is a new attempt)
-                    if state == "running" and seen.get(item["id"]) == "running":
+                    if state == JobState.RUNNING and seen.get(item["id"]) == "running":
                         say(f"[{now / 3600:6.2f} h] moved   {ids[item['id']]:<22} stopped by the HAS and resumed")
                     seen[item["id"]] = item["state"]
                     attempt[item["id"]] = item["attempts"]

@@ -20,6 +20,7 @@ from frenzy_opt.api.auth import Principal
 from frenzy_opt.api.metrics import Metrics
 from frenzy_opt.api.plansearch import PlanSearches, Throttled
 from frenzy_opt.api.schemas import EventOut, JobIn, JobOut
+from frenzy_opt.core.enums import JobState
 from frenzy_opt.core.spec import JobSpec, parse_job
 from frenzy_opt.planning.plans import NoFeasiblePlan
 from frenzy_opt.planning.problem import Searched
@@ -52,10 +53,10 @@ class Service:
     )
     """Threads that run a submission's store calls (start on first use; one pool for the app's life)."""
 
-    def writable(self) -> None:
-        """503 unless the store takes writes (no query: the store's and the loop's last word, and the file's
-        identity)."""
-        reason = self.orchestrator.store_fault or self.store.file_problem()
+    def writable(self, *, file: bool = True) -> None:
+        """503 unless the store takes writes (no query: the store's and the loop's last word, and, unless
+        ``file`` is False because the write that follows checks it, the file's identity)."""
+        reason = self.orchestrator.store_fault or (self.store.file_problem() if file else None)
         if reason is not None:
             self.metrics.unavailable.inc()
             raise unavailable(reason, permanent=self.permanent())
@@ -99,17 +100,23 @@ class Service:
         """A job's JSON: the store's record with what only the scheduler knows (why it waits, where it stands
         in the queue, its progress). ``queue=False`` (a submission's answer) leaves the queue position and
         start estimate out: planning them costs the scheduler a pass over the queue."""
-        info = self.orchestrator.queue_info(record.id) if queue and record.state == "queued" else None
+        info = self.orchestrator.queue_info(record.id) if queue and record.state == JobState.QUEUED else None
         out = job_out(
             record,
             self.orchestrator.reason(record.id),
             history,
             self.orchestrator.progress(record.id) if progress else None,
         )
+        out.time_scale = self.orchestrator.time_scale
+        predicted, measured = record.predicted or {}, record.measured or {}
+        # queued: the planned wait and run (a stopped attempt's prediction no longer holds); else the placement's
+        out.deadline_risk = predicted.get("deadline_risk") if record.state != JobState.QUEUED else None
+        out.deadline_missed_by_s = measured.get("deadline_missed_by_s")
         if info is not None:
             out.queue_position = info.position
             out.estimated_start_in_s = info.estimated_start_in_s
             out.waiting_for = info.waiting_for
+            out.deadline_risk = info.deadline_risk
         return out
 
 
@@ -195,7 +202,7 @@ def job_out(
         name=record.name,
         tenant=record.tenant,
         state=record.state,
-        reason=reason if reason is not None and record.state == "queued" else record.reason,
+        reason=reason if reason is not None and record.state == JobState.QUEUED else record.reason,
         attempts=record.attempts,
         failures=record.failures,
         moves=record.moves,
@@ -206,6 +213,6 @@ def job_out(
         placement=record.placement,
         predicted=record.predicted,
         measured=record.measured,
-        progress=progress if record.state == "running" else None,
+        progress=progress if record.state == JobState.RUNNING else None,
         history=history,
     )

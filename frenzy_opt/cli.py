@@ -9,24 +9,28 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
+import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import yaml
 from rich.console import Console
 from rich.progress import Progress, TaskID
 from rich.table import Table
 
 from frenzy_opt import __version__, client
-from frenzy_opt.core.spec import load_job
+from frenzy_opt.core.readable import parallel_text
+from frenzy_opt.core.spec import JobSpec, load_job
 from frenzy_opt.hardware.gpus import load_gpus, resolve_gpu
 from frenzy_opt.models.catalog import load_catalog
 from frenzy_opt.planning.export import TARGETS as EXPORT_TARGETS
 from frenzy_opt.planning.export import load_placement, to_k8s, to_slurm
-from frenzy_opt.planning.plans import NoFeasiblePlan, PlanSearch, search_or_fail
+from frenzy_opt.planning.plans import NoFeasiblePlan, Plan, PlanSearch, micro_batch_summary, search_or_fail
 from frenzy_opt.planning.problem import (
     OptionCache,
     Schedule,
@@ -182,7 +186,7 @@ def prediction_payload(prediction: MemoryPrediction) -> dict[str, Any]:
 
 def cmd_predict(args: argparse.Namespace) -> int:
     job = load_job(resolve(args.job))
-    gpu = resolve_gpu(args.gpu)
+    gpu = resolve_gpu(args.gpu, "--gpu")
     if args.micro_batch_size:
         job = job.with_parallel(job.parallel, micro_batch_size=args.micro_batch_size)
     prediction = predict_memory(job, gpu)
@@ -195,7 +199,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
     def render(console: Console) -> None:
         verdict = "[green]fits[/]" if prediction.fits else "[red]does not fit[/]"
-        parallel = _parallel_text(prediction.parallel.to_dict())
+        parallel = parallel_text(prediction.parallel.to_dict())
         console.print(
             f"{job.name} on {gpu.name} ({_gib(gpu.memory_bytes)} GiB): {verdict}; "
             f"parallel {parallel}, micro-batch {job.training.micro_batch_size}"
@@ -270,31 +274,39 @@ def _trace_table(trace: dict[str, Any], prediction: MemoryPrediction) -> Table:
     return table
 
 
-def _parallel_text(parallel: dict[str, Any]) -> str:
-    parts = [f"dp{parallel['dp']} tp{parallel['tp']} pp{parallel['pp']}"]
-    for key in ("vpp", "cp", "ep"):
-        if parallel.get(key, 1) > 1:
-            parts.append(f"{key}{parallel[key]}")
-    parts.append(f"zero{parallel['zero_stage']}")
-    if parallel.get("sequence_parallel"):
-        parts.append("sp")
-    if parallel["recompute"] != "none":
-        parts.append(f"recompute={parallel['recompute']}")
-    return " ".join(parts)
-
-
 # --- plan ----------------------------------------------------------------------------------------------
 
 
-def plans_payload(search: PlanSearch, top: int) -> dict[str, Any]:
-    return {
+def plans_payload(search: PlanSearch, top: int, job: JobSpec | None = None) -> dict[str, Any]:
+    payload = {
         "plans": [p.to_dict() for p in search.plans[:top]],
         "num_plans": len(search.plans),
         "min_gpus_per_type": search.min_gpus_per_type(),
     }
+    if job is not None:
+        payload["micro_batch"] = micro_batch_summary(job)
+    return payload
 
 
-def _plans_table(title: str, search: PlanSearch, top: int) -> Table:
+def _micro_batch_line(job: JobSpec) -> str:
+    summary = micro_batch_summary(job)
+    if summary["pinned"]:
+        return f"micro-batch: pinned at {job.training.micro_batch_size} (training.pin_micro_batch: true)"
+    sizes = ", ".join(map(str, summary["searched"]))
+    return f"micro-batch: searched over {sizes} (training.pin_micro_batch: true keeps training.micro_batch_size)"
+
+
+def per_type(plans: Sequence[Plan], count: int) -> list[Plan]:
+    """The best ``count`` plans of each GPU type (in the search's rank order), types by their best plan."""
+    kept: dict[str, list[Plan]] = {}
+    for plan in plans:
+        chosen = kept.setdefault(plan.gpu_type, [])
+        if len(chosen) < count:
+            chosen.append(plan)
+    return [plan for chosen in kept.values() for plan in chosen]
+
+
+def _plans_table(title: str, search: PlanSearch, top: int, plans: Sequence[Plan] | None = None) -> Table:
     table = Table(title=title)
     for col in (
         "#",
@@ -312,7 +324,7 @@ def _plans_table(title: str, search: PlanSearch, top: int) -> Table:
         "headroom",
     ):
         table.add_column(col, justify="left" if col in ("gpu", "parallel", "prec") else "right")
-    for i, p in enumerate(search.plans[:top], 1):
+    for i, p in enumerate(search.plans[:top] if plans is None else plans, 1):
         step = "-" if p.step_time_s is None else f"{p.step_time_s:.3f}"
         band = "-"
         if p.step_time_p10_s is not None and p.step_time_p90_s is not None:
@@ -320,7 +332,7 @@ def _plans_table(title: str, search: PlanSearch, top: int) -> Table:
         runtime = "-" if p.est_runtime_s is None else f"{p.est_runtime_s / 3600:.1f}"
         if p.memory_risk:
             runtime += " (memory risk)"
-        table.add_row(str(i), p.gpu_type, str(p.num_gpus), _parallel_text(p.parallel.to_dict()),
+        table.add_row(str(i), p.gpu_type, str(p.num_gpus), parallel_text(p.parallel.to_dict()),
                       str(p.micro_batch_size), p.precision, step, band, runtime, _gib(p.peak_allocated_bytes),
                       _gib(p.device_used_bytes), _gib(p.device_used_upper_bytes),
                       f"{100 * p.headroom_bytes / p.capacity_bytes:.0f}%")  # fmt: skip
@@ -341,11 +353,17 @@ def cmd_plan(args: argparse.Namespace) -> int:
     cluster = load_cluster_ref(args.cluster)
     step_model = resolve_model(args.calibration)
     search = search_or_fail(job, cluster, headroom=args.headroom, step_model=step_model)
+    # On a mixed cluster the overall ranking may show one type only: the best of each type by default.
+    count = args.per_type if args.per_type is not None else (1 if len(cluster.gpu_types()) > 1 else 0)
+    if count < 0:
+        raise ValueError(f"--per-type must be >= 0, got {count}")
+    by_type = per_type(search.plans, count) if count else []
     payload = {
         "job": job.name,
         "cluster": cluster.name,
         "calibration": args.calibration or "shipped",
-        **plans_payload(search, args.top),
+        **plans_payload(search, args.top, job),
+        "best_per_type": [p.to_dict() for p in by_type],
     }
     text = None
     if args.export:
@@ -364,8 +382,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
         console.print(
             _plans_table(f"{job.name} on {cluster.name}: {len(search.plans)} feasible plans", search, args.top)
         )
+        if by_type:
+            title = f"the best {'plan' if count == 1 else f'{count} plans'} of each GPU type"
+            console.print(_plans_table(title, search, args.top, by_type))
         mins = ", ".join(f"{k}: {v}" for k, v in search.min_gpus_per_type().items())
         console.print(f"minimum GPUs per type: {mins}")
+        console.print(_micro_batch_line(job), highlight=False)
         console.print(
             "feasible = upper bound of device memory used + required headroom <= GPU memory; "
             "headroom column = memory left above the upper bound; step band = 10th-90th percentile from the "
@@ -376,7 +398,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             plan, nodes = chosen["plan"], chosen["placement"]["nodes"]
             console.print(
                 f"wrote {args.out} ({args.export}): the scheduler's plan on an empty cluster, {plan['num_gpus']} x "
-                f"{plan['gpu_type']} ({_parallel_text(plan['parallel'])}, micro-batch {plan['micro_batch_size']}) "
+                f"{plan['gpu_type']} ({parallel_text(plan['parallel'])}, micro-batch {plan['micro_batch_size']}) "
                 f"on {len(nodes)} node(s)",
                 highlight=False,
             )
@@ -685,7 +707,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     for job in scenario.jobs:
         try:
             search = search_or_fail(job.spec, scenario.cluster)
-            results.append({"id": job.id, "arrival_s": job.arrival_s, **plans_payload(search, args.top)})
+            results.append({"id": job.id, "arrival_s": job.arrival_s, **plans_payload(search, args.top, job.spec)})
         except NoFeasiblePlan as err:
             results.append({"id": job.id, "arrival_s": job.arrival_s, "plans": [], "error": str(err)})
     payload = {"scenario": scenario.name, "cluster": scenario.cluster.name, "jobs": results}
@@ -698,7 +720,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         for r in results:
             best = r["plans"][0] if r["plans"] else None
             if best:
-                parallel = _parallel_text(best["parallel"])
+                parallel = parallel_text(best["parallel"])
                 best_text = f"{best['num_gpus']}x {best['gpu_type']} {parallel} mb{best['micro_batch_size']}"
             else:
                 best_text = f"[red]{r['error']}"
@@ -1187,9 +1209,12 @@ def db_url(text: str) -> str:
 def cmd_serve(args: argparse.Namespace) -> int:
     from frenzy_opt.api.httplimits import HttpLimits
     from frenzy_opt.api.server import build_config, serve
+    from frenzy_opt.api.workers import MAX_WORKERS, WorkerSettings
 
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port must be in [0, 65535], got {args.port}")
+    if not 1 <= args.workers <= MAX_WORKERS:
+        raise ValueError(f"--workers must be in [1, {MAX_WORKERS}], got {args.workers}")
     limits = HttpLimits(  # checked first: a bad flag fails before the store is opened
         max_header_bytes=args.max_header_bytes,
         header_timeout_s=args.header_timeout_s,
@@ -1208,7 +1233,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
         calibration=args.calibration,
         create=args.create,
     )
-    serve(config, args.host, args.port, limits)
+    if args.workers == 1:
+        serve(config, args.host, args.port, limits)
+        return 0
+    workers = WorkerSettings(
+        db_url=db_url(args.db),
+        cluster=args.cluster,
+        executor=args.executor,
+        tokens=args.tokens,
+        scheduler_url="",  # the scheduler process's private port, set when it listens
+        parent_pid=0,
+    )
+    serve(config, args.host, args.port, limits, workers, args.workers)
     return 0
 
 
@@ -1226,7 +1262,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
         plan, m, p = payload["plan"], payload["measured"], payload["predicted"]
         console.print(
             f"{job.name}: {payload['state']} after {payload['steps_run']} steps on {plan['num_gpus']} x "
-            f"{plan['gpu_type']} ({_parallel_text(plan['parallel'])}, micro-batch {plan['micro_batch_size']}); "
+            f"{plan['gpu_type']} ({parallel_text(plan['parallel'])}, micro-batch {plan['micro_batch_size']}); "
             f"loss {_sig(payload['loss_first'])} -> {_sig(payload['loss_last'])}"
         )
         if payload["cause"]:
@@ -1270,12 +1306,55 @@ def cmd_reference(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_import(args: argparse.Namespace) -> int:
+    from frenzy_opt.formats import import_spec
+
+    if (args.file is None) == (args.args is None):
+        raise ValueError("import: give FILE, or for megatron --args='--num-layers ...' (not both)")
+    if args.args is not None and args.format != "megatron":
+        raise ValueError("import: --args is for megatron argument lists; give FILE")
+    result = import_spec(args.format, args.file, text=args.args, name=args.name, runtime=args.runtime,
+                         global_batch_size=args.global_batch_size, vocab_size=args.vocab_size)  # fmt: skip
+    text = yaml.safe_dump(result.spec, sort_keys=False)
+    if args.out:
+        Path(args.out).write_text(text, encoding="utf-8")
+    for note in result.notes:
+        sys.stderr.write(f"frenzy import: note: {note}\n")
+    payload = {"format": args.format, "source": args.file or "--args", "out": args.out, **asdict(result)}
+
+    def show(_: Console) -> None:
+        sys.stdout.write(f"wrote {args.out}\n" if args.out else text)
+
+    _emit(args, payload, show)
+    return 0
+
+
+def wrap_clauses(line: str, width: int, indent: int = 11) -> str:
+    """A long line broken between its clauses (after ``; `` or ``, ``), never inside one, continuation lines
+    indented past the demo's time stamp; a clause longer than the width stays whole on its own line."""
+    if len(line) <= width:
+        return line
+    pieces = re.split(r"(?<=[;,]) ", line)
+    lines = [pieces[0]]
+    for piece in pieces[1:]:
+        if len(lines[-1]) + 1 + len(piece) <= width:
+            lines[-1] += " " + piece
+        else:
+            lines.append(" " * indent + piece)
+    return "\n".join(lines)
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from frenzy_opt.api.server import demo
 
     scenario = load_scenario(args.scenario)
-    console = Console(width=160)
-    result = demo(scenario, time_scale=args.time_scale, say=lambda line: console.print(line, highlight=False))
+    console = Console(soft_wrap=True)
+    width = shutil.get_terminal_size((120, 24)).columns
+
+    def say(line: str) -> None:
+        console.print(wrap_clauses(line, width), highlight=False)
+
+    result = demo(scenario, time_scale=args.time_scale, say=say)
     if args.json:
         sys.stdout.write(json.dumps(result, indent=2) + "\n")
     return 0 if all(state == "succeeded" for state in result["jobs"].values()) else 1
@@ -1306,6 +1385,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("job", help="job spec file (YAML or JSON, contract 1) or a shipped job name")
     p.add_argument("--cluster", required=True, help="cluster file or shipped cluster name (contract 2)")
     p.add_argument("--top", type=int, default=10, help="how many plans to show (default 10)")
+    p.add_argument(
+        "--per-type",
+        type=int,
+        help="also show the best N plans of each GPU type (default 1 on a cluster of several types, else 0)",
+    )
     p.add_argument(
         "--headroom", type=float, help="fraction of GPU memory kept free above the upper bound (default: the fit's)"
     )
@@ -1426,7 +1510,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-scale", type=float, default=1.0, help="simulated executor: cluster seconds per second")
     p.add_argument("--fail-rate", type=float, default=0.0, help="simulated executor: fraction of attempts that fail")
     p.add_argument(
-        "--decision-wait-s", type=float, default=0.25, help="how long a submission waits for its first decision"
+        "--workers",
+        type=int,
+        default=1,
+        help="API worker processes in front of the scheduler (1: the scheduler's process serves the API)",
+    )
+    p.add_argument(
+        "--decision-wait-s",
+        type=float,
+        default=0.0,
+        help="how long a submission without ?wait waits for its first decision (0: answered once stored)",
     )
     from frenzy_opt.api.httplimits import DEFAULT_LIMITS as HTTP  # HTTP limits: docs/service.md
 
@@ -1473,6 +1566,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--partition", help="slurm: the partition to submit to")
     p.add_argument("--image", default="frenzy-opt:latest", help="k8s: the container image with frenzy-opt")
     add("reference", "the field reference of job specs, cluster files and the GPU catalogue (Markdown)", cmd_reference)
+    p = add("import", "a job spec (contract 1) from a HF config.json, a torchtitan TOML or Megatron args", cmd_import)
+    p.add_argument("format", choices=("hf", "torchtitan", "megatron"))
+    p.add_argument("file", nargs="?", help="the file to read (local files only)")
+    p.add_argument("--args", help="megatron: the argument list as a string (--args='--num-layers 32 ...')")
+    p.add_argument("--out", help="write the spec here instead of stdout")
+    p.add_argument("--name", help="the job's name (default: from the source)")
+    p.add_argument("--runtime", help="hf: training.runtime of the spec (default: contract 1's)")
+    p.add_argument("--global-batch-size", type=int, help="training.global_batch_size (torchtitan's -1 needs it)")
+    p.add_argument("--vocab-size", type=int, help="megatron, torchtitan: the tokenizer's vocabulary size")
     p = add("demo", "the serverless flow in a minute: service, HTTP submissions, live decisions", cmd_demo)
     p.add_argument("scenario", nargs="?", default=DEFAULT_SCENARIO, help="scenario file or shipped name")
     p.add_argument("--time-scale", type=float, default=3600.0, help="cluster seconds per wall second (default 3600)")

@@ -23,13 +23,18 @@ from typing import Any
 import httpx
 
 from frenzy_opt.core.enums import ACTIVE_STATES, JobState
-from frenzy_opt.core.spec import load_mapping
+from frenzy_opt.core.readable import gib, parallel_text
+from frenzy_opt.core.spec import load_job, load_mapping
+from frenzy_opt.models.catalog import catalog_names
 from frenzy_opt.planning.scenario import resolve as resolve_file
 from frenzy_opt.yamlload import load_yaml
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 CONFIG_ENV = "FRENZY_CONFIG"
 DEFAULT_CONFIG = Path("~/.frenzy/client.yaml")
+SUBMIT_WAIT_S = 0.25
+"""How long ``frenzy submit`` waits for the first decision by default: the service's own wait before issue 27
+made it answer once the job is stored, so the command still prints where the job runs."""
 PAGE = 200
 LOG_PAGE = 4 << 20
 """Bytes per logs request (the service's most)."""
@@ -90,8 +95,11 @@ class Client:
             raise ClientError(_refusal(response, self.target))
         return response
 
-    def submit(self, spec: dict[str, Any]) -> dict[str, Any]:
-        result: dict[str, Any] = self._request("POST", "/v1/jobs", json=spec).json()
+    def submit(self, spec: dict[str, Any], wait_s: float = 0.0) -> dict[str, Any]:
+        """Submit a job; with ``wait_s`` > 0 the answer waits up to that long for the first decision (the
+        service answers once the job is stored otherwise: issue 27)."""
+        params = {"wait": wait_s} if wait_s > 0 else None
+        result: dict[str, Any] = self._request("POST", "/v1/jobs", json=spec, params=params).json()
         return result
 
     def jobs(self, state: str | None = None) -> list[dict[str, Any]]:
@@ -191,13 +199,22 @@ def _duration(seconds: float | None) -> str:
     return f"{seconds / 3600:.1f}h"
 
 
+def _cluster_time(seconds: float | None, scale: float) -> str:
+    """A duration of the service's clock (cluster time), with its wall time when the scale is not 1."""
+    if seconds is None:
+        return "unknown"
+    if scale == 1.0:
+        return _duration(seconds)
+    return f"{_duration(seconds)} cluster time (~{_duration(seconds / scale)} wall at {scale:g}x)"
+
+
 def _where(job: dict[str, Any]) -> str:
     """A queued job's position and expected start, a running job's progress, else the reason."""
-    if job["state"] == "queued" and job.get("queue_position") is not None:
-        eta = job.get("estimated_start_in_s")
-        return f"#{job['queue_position']}, starts in {_duration(eta) if eta is not None else 'unknown'}"
+    if job["state"] == JobState.QUEUED and job.get("queue_position") is not None:
+        eta = _cluster_time(job.get("estimated_start_in_s"), float(job.get("time_scale") or 1.0))
+        return f"#{job['queue_position']}, starts in {eta}"
     progress = job.get("progress") or {}
-    if job["state"] == "running" and progress.get("step") is not None:
+    if job["state"] == JobState.RUNNING and progress.get("step") is not None:
         total = progress.get("steps") or progress.get("train_steps")
         done = f"step {progress['step']}" + (f"/{total}" if total else "")
         return done + (f", {progress['step_time_s']:.2f} s/step" if progress.get("step_time_s") else "")
@@ -212,8 +229,17 @@ def table(rows: Sequence[Sequence[str]], header: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
+def _state(job: dict[str, Any]) -> str:
+    """The state, flagged when the job's deadline is at risk or was missed."""
+    if job.get("deadline_missed_by_s") is not None:
+        return f"{job['state']} (deadline missed)"
+    if job.get("deadline_risk"):
+        return f"{job['state']} (deadline at risk)"
+    return str(job["state"])
+
+
 def jobs_table(jobs: list[dict[str, Any]]) -> str:
-    rows = [(j["id"], j["name"], j["tenant"], j["state"], _gpus(j), _where(j)) for j in jobs]
+    rows = [(j["id"], j["name"], j["tenant"], _state(j), _gpus(j), _where(j)) for j in jobs]
     return table(rows, ("ID", "NAME", "TENANT", "STATE", "GPUS", "WHERE"))
 
 
@@ -223,30 +249,125 @@ def counters_text(job: dict[str, Any]) -> str:
     return f"attempts: {job['attempts']} (failures {failures}/{job['max_retries']} retries, moves {moves})"
 
 
+def _plan_line(job: dict[str, Any]) -> str | None:
+    """The plan as ``frenzy plan`` prints it: GPUs, layout, micro-batch, precision."""
+    plan = job.get("plan") or {}
+    if not plan.get("parallel"):
+        return None
+    text = f"{plan.get('num_gpus')} x {plan.get('gpu_type')}, {parallel_text(plan['parallel'])}"
+    if plan.get("micro_batch_size") is not None:
+        text += f", micro-batch {plan['micro_batch_size']}"
+    if plan.get("precision"):
+        text += f", {plan['precision']}"
+    return text
+
+
+def _bytes_text(value: Any) -> str:
+    """Bytes in GiB; a per-rank list as one value when every rank has it, else its range."""
+    if isinstance(value, list) and value:
+        low, high = min(value), max(value)
+        each = gib(high) + " on each rank" if low == high else f"{gib(low)} to {gib(high)} over the ranks"
+        return f"{each} ({len(value)} ranks)"
+    return gib(value) if isinstance(value, int | float) else str(value)
+
+
+def _predicted_line(predicted: dict[str, Any], scale: float) -> str:
+    parts = []
+    if predicted.get("peak_allocated_bytes") is not None:
+        parts.append(f"peak {gib(predicted['peak_allocated_bytes'])} allocated")
+    if predicted.get("peak_reserved_bytes") is not None:
+        parts.append(f"{gib(predicted['peak_reserved_bytes'])} reserved")
+    if predicted.get("device_used_bytes") is not None:
+        parts.append(f"{gib(predicted['device_used_bytes'])} used on the device")
+    if predicted.get("step_time_s") is not None:
+        parts.append(f"{predicted['step_time_s']:.3g} s/step")
+    if predicted.get("runtime_s") is not None:
+        parts.append(f"{_cluster_time(predicted['runtime_s'], scale)} in all")
+    return ", ".join(parts)
+
+
+def _measured_line(measured: dict[str, Any], predicted: dict[str, Any]) -> str:
+    parts = []
+    step, expected = measured.get("step_time_s"), predicted.get("step_time_s")
+    if step is not None:
+        versus = f" ({step / expected - 1:+.0%} vs predicted)" if expected else ""
+        parts.append(f"{step:.3g} s/step{versus}")
+    if measured.get("peak_memory_bytes") is not None:
+        parts.append("peak " + _bytes_text(measured["peak_memory_bytes"]))
+    if measured.get("loss_first") is not None and measured.get("loss_last") is not None:
+        parts.append(f"loss {measured['loss_first']:.3g} -> {measured['loss_last']:.3g}")
+    if measured.get("source"):
+        parts.append(f"source: {measured['source']}")
+    return ", ".join(parts)
+
+
+def _deadline_line(job: dict[str, Any], scale: float) -> str | None:
+    """The deadline and where the job stands against it (at risk, met, missed)."""
+    predicted, measured = job.get("predicted") or {}, job.get("measured") or {}
+    deadline = measured.get("deadline_s", predicted.get("deadline_s"))
+    if deadline is None:
+        return "deadline: at risk" if job.get("deadline_risk") else None
+    text = f"deadline: {_cluster_time(deadline, scale)} after submission"
+    if job.get("deadline_missed_by_s") is not None:
+        return text + f"; MISSED, ended {_cluster_time(job['deadline_missed_by_s'], scale)} after it"
+    if "end_after_submit_s" in measured:
+        return text + "; met"
+    if job.get("deadline_risk"):
+        ends = predicted.get("end_after_submit_s")
+        when = f" (predicted end {_cluster_time(ends, scale)} after submission)" if ends is not None else ""
+        return text + f"; AT RISK{when}"
+    return text + "; on track"
+
+
 def status_text(job: dict[str, Any]) -> str:
+    """``frenzy status``: the job, where it stands, why (waiting or moved), its plan and predictions in GiB
+    and hours, its deadline, and its history of states and moves."""
+    scale = float(job.get("time_scale") or 1.0)
     lines = [
         f"{job['id']}  {job['name']}  ({job['tenant']})",
         f"state: {job['state']}  {counters_text(job)}  gpus: {_gpus(job)}",
     ]
     if _where(job):
         lines.append(f"now: {_where(job)}")
-    parallel = (job.get("plan") or {}).get("parallel")
-    if parallel:
-        lines.append("plan: " + ", ".join(f"{k}={v}" for k, v in parallel.items()))
-    for label, key in (("predicted", "predicted"), ("measured", "measured")):
-        if job.get(key):
-            lines.append(f"{label}: " + json.dumps(job[key], sort_keys=True))
-    for event in job.get("history") or []:
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(event["at"]))
-        lines.append(f"  {when}  {event['state']:<10} {event['detail']}")
+    if job["state"] == JobState.QUEUED and job.get("reason") and job.get("queue_position") is not None:
+        lines.append(f"why: {job['reason']}")
+    plan = _plan_line(job)
+    if plan:
+        lines.append(f"plan: {plan}")
+    predicted, measured = job.get("predicted") or {}, job.get("measured") or {}
+    if _predicted_line(predicted, scale):
+        lines.append(f"predicted: {_predicted_line(predicted, scale)}")
+    if _measured_line(measured, predicted):
+        lines.append(f"measured: {_measured_line(measured, predicted)}")
+    deadline = _deadline_line(job, scale)
+    if deadline:
+        lines.append(deadline)
+    if scale != 1.0:
+        lines.append(f"times are cluster time; the service runs {scale:g}x wall time")
+    history = job.get("history") or []
+    moves = [e for e in history if str(e.get("detail", "")).startswith("moved")]
+    if moves:
+        lines.append(f"moves ({len(moves)}):")
+        lines += [f"  {_when(e['at'])}  {e['detail']}" for e in moves]
+    if history:
+        lines.append("history:")
+        lines += [f"  {_when(e['at'])}  {e['state']:<10} {e['detail']}" for e in history]
     return "\n".join(lines)
+
+
+def _when(at: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(at))
 
 
 def usage_table(usage: dict[str, Any]) -> str:
     rows = [
         (r["tenant"], r["gpu_type"], f"{r['gpu_hours']:.2f}", str(r.get("jobs", ""))) for r in usage.get("rows", [])
     ]
-    return table(rows, ("TENANT", "GPU TYPE", "GPU-HOURS", "JOBS"))
+    scale = float(usage.get("time_scale") or 1.0)
+    text = table(rows, ("TENANT", "GPU TYPE", "GPU-HOURS", "JOBS"))
+    if scale != 1.0:
+        text += f"\nGPU-hours of cluster time (the service runs {scale:g}x wall time)"
+    return text
 
 
 # -- commands ---------------------------------------------------------------------------------------------
@@ -261,8 +382,14 @@ def _print(args: argparse.Namespace, payload: Any, text: Callable[[Any], str]) -
 
 
 def cmd_submit(args: argparse.Namespace) -> int:
-    spec = load_mapping(resolve_file(args.job))
-    job = _client(args).submit(spec)
+    path = resolve_file(args.job)
+    spec = load_mapping(path)
+    if isinstance(spec.get("model"), str) and spec["model"].lower() not in catalog_names():
+        # A Hugging Face config.json path: read here, its architecture sent (the service reads no files).
+        spec["model"] = {k: v for k, v in load_job(path).model.to_dict().items() if v is not None}
+    if not 0 <= args.wait <= 60:
+        raise ValueError(f"--wait must be in [0, 60] seconds, got {args.wait}")
+    job = _client(args).submit(spec, args.wait)
     _print(args, job, lambda j: f"submitted {j['id']} ({j['name']}): {j['state']} {_where(j)}".rstrip())
     return 0
 
@@ -340,8 +467,13 @@ def add_commands(sub: Any) -> None:
         p.set_defaults(func=_guarded(func))
         return p
 
-    parser("submit", "submit a job spec to a running service", cmd_submit).add_argument(
-        "job", help="a job spec file (YAML or JSON) or a shipped name (job-tiny)"
+    p = parser("submit", "submit a job spec to a running service", cmd_submit)
+    p.add_argument("job", help="a job spec file (YAML or JSON) or a shipped name (job-tiny)")
+    p.add_argument(
+        "--wait",
+        type=float,
+        default=SUBMIT_WAIT_S,
+        help=f"seconds to wait for the first decision, 0-60; 0: answer once stored (default {SUBMIT_WAIT_S:g})",
     )
     p = parser("jobs", "the queue (position, ETA) and running jobs (progress)", cmd_jobs)
     p.add_argument("--state", choices=[state.value for state in JobState])

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import MISSING, asdict, dataclass, fields, is_dataclass
 from typing import Any
 
+from frenzy_opt.core.runtimes import capability_table
 from frenzy_opt.core.spec import (
     ATTENTIONS,
     OPTIMIZERS,
@@ -57,6 +58,8 @@ class Section:
     title: str
     intro: str
     rows: tuple[Row, ...]
+    table: tuple[tuple[str, ...], ...] = ()
+    """A table of its own (header first) instead of the field rows."""
 
 
 def attribute_docs(cls: type) -> dict[str, str]:
@@ -355,12 +358,31 @@ def gpu_sections() -> list[Section]:
             "The catalogue `frenzy catalog gpus` prints; TFLOPs are dense peaks, bandwidths decimal GB/s.",
             rows_of(GpuType, field_of_key={key: name for name, key in KEY_OF_FIELD.items()}),
         ),
-        Section("GPU types", "The names and aliases a cluster file's `gpu` accepts (case-insensitive).", names),
+        Section(
+            "GPU types",
+            "The names and aliases a cluster file's `gpu`, a scenario's `request.gpu_type` and `--gpu` accept "
+            "(case-insensitive; one resolver, `frenzy_opt.hardware.gpus.resolve_gpu`). Another name resolves "
+            "when its words (split at spaces, `-`, `_`) match one type's name or alias; a family name several "
+            "parts share (`v100`, `a100`, `h100`) is an error listing them.",
+            names,
+        ),
     ]
 
 
+def runtime_section() -> Section:
+    return Section(
+        "Runtimes: what each one runs",
+        "`training.runtime` bounds the plan space: the planner searches only what the runtime runs, and a pinned "
+        "`parallel` field (or `training.precision: fp8`) outside its row is refused naming the runtime. The "
+        "training worker runs a plan where both the job's runtime's row and its own allow it. Sources: "
+        "`frenzy_opt/core/runtimes.py`.",
+        (),
+        tuple(capability_table()),
+    )
+
+
 def sections() -> list[Section]:
-    return [*job_sections(), api_section(), *cluster_sections(), *gpu_sections()]
+    return [*job_sections(), runtime_section(), api_section(), *cluster_sections(), *gpu_sections()]
 
 
 def render(parts: list[Section] | None = None) -> str:
@@ -374,6 +396,11 @@ def render(parts: list[Section] | None = None) -> str:
     ]
     for section in sections() if parts is None else parts:
         lines += ["", f"## {section.title}", "", section.intro, ""]
+        if section.table:
+            header, *body = section.table
+            lines += ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+            lines += ["| " + " | ".join(row) + " |" for row in body]
+            continue
         if section.title == "GPU types":
             lines += ["| name | architecture | aliases |", "| --- | --- | --- |"]
             lines += [f"| `{r.key}` | {r.type} | {r.allowed} |" for r in section.rows]
@@ -385,4 +412,14 @@ def render(parts: list[Section] | None = None) -> str:
 
 def payload() -> dict[str, Any]:
     """The sections as JSON (``frenzy reference --json``)."""
-    return {"sections": [{"title": s.title, "intro": s.intro, "rows": [asdict(r) for r in s.rows]} for s in sections()]}
+    return {
+        "sections": [
+            {
+                "title": s.title,
+                "intro": s.intro,
+                "rows": [asdict(r) for r in s.rows],
+                "table": [list(t) for t in s.table],
+            }
+            for s in sections()
+        ]
+    }

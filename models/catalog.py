@@ -5,9 +5,12 @@ from __future__ import annotations
 import functools
 from dataclasses import fields
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
 from frenzy_opt.models.arch import ModelArch
+from frenzy_opt.models.hf import arch_from_hf, load_hf_config
+from frenzy_opt.models.keys import unknown_keys_message
 from frenzy_opt.yamlload import load_yaml
 
 _ARCH_FIELDS = frozenset(f.name for f in fields(ModelArch))
@@ -48,18 +51,31 @@ def lookup_model(name: str) -> ModelArch:
     try:
         return load_catalog()[name.lower()]
     except KeyError:
-        raise ValueError(f"model: unknown catalogue name {name!r}; allowed: {', '.join(catalog_names())}") from None
+        raise ValueError(
+            f"model: unknown catalogue name {name!r} (nor a path to a Hugging Face config.json); "
+            f"allowed: {', '.join(catalog_names())}"
+        ) from None
+
+
+def _looks_like_path(value: str) -> bool:
+    return value.endswith(".json") or "/" in value or Path(value).is_dir()
 
 
 def parse_model(value: str | dict[str, Any]) -> ModelArch:
-    """A catalogue name or an inline architecture mapping (contract 1) as a :class:`ModelArch`."""
+    """A catalogue name, a path to a Hugging Face ``config.json`` (or its folder; :mod:`frenzy_opt.models.hf`)
+    or an inline architecture mapping (contract 1) as a :class:`ModelArch`."""
     if isinstance(value, str):
-        return lookup_model(value)
+        if value.lower() in load_catalog() or not _looks_like_path(value):
+            return lookup_model(value)
+        try:
+            return arch_from_hf(load_hf_config(value), value)[0]
+        except ValueError as err:
+            raise ValueError(f"model: {err}") from None
     if not isinstance(value, dict):
         raise ValueError(f"model must be a catalogue name or a mapping of architecture fields, got {value!r}")
     unknown = sorted(set(value) - _ARCH_FIELDS)
     if unknown:
-        raise ValueError(f"model: unknown field(s) {', '.join(unknown)}; allowed: {', '.join(sorted(_ARCH_FIELDS))}")
+        raise ValueError(unknown_keys_message("model", unknown, _ARCH_FIELDS))
     missing = [name for name in REQUIRED_ARCH_FIELDS if name not in value]
     if missing:
         raise ValueError(f"model: missing required field(s) {', '.join(missing)}")

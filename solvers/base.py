@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from frenzy_opt.core.protocols import Policy, Solver
 from frenzy_opt.core.registry import Registry
+from frenzy_opt.planning.interfaces import Solver
+from frenzy_opt.simulation.view import Policy
 
 SOLVERS: Registry[Solver] = Registry(
     "solver",

@@ -56,22 +56,22 @@ class GavelPolicy(_Base):
 
     def _known(self, active: list[str]) -> dict[tuple[str, str], float]:
         """Seconds per step of every active job on every type, as Gavel knows them now."""
-        sim = self.sim
-        assert sim is not None
+        view = self.view
+        assert view is not None
         known = {}
         for job_id in active:
-            job = sim.jobs[job_id].job
+            job = view.jobs[job_id].job
             for gpu_type, option in self._options(job).items():
-                known[(job_id, gpu_type)] = known_step_s(sim, job, option, oracle=self.oracle)
+                known[(job_id, gpu_type)] = known_step_s(view, job, option, oracle=self.oracle)
         return known
 
     def _solve_shares(self, active: list[str], known: dict[tuple[str, str], float]) -> None:
-        sim = self.sim
-        assert sim is not None
+        view = self.view
+        assert view is not None
         columns: list[tuple[str, str, Option]] = []
         cost: list[float] = []
         for job_id in active:
-            job = sim.jobs[job_id].job
+            job = view.jobs[job_id].job
             options = self._options(job)
             best = max(1.0 / known[(job_id, t)] for t in options)
             for gpu_type, option in options.items():
@@ -85,21 +85,21 @@ class GavelPolicy(_Base):
             by_type.setdefault(gpu_type, []).append(i)
         rows += [(idx, [1.0] * len(idx), 1.0) for idx in by_job.values()]
         for gpu_type, idx in by_type.items():
-            capacity = float(sim.topology.num_gpus_of(gpu_type))
+            capacity = float(view.topology.num_gpus_of(gpu_type))
             rows.append((idx, [float(columns[i][2].num_gpus) for i in idx], capacity))
         values = solve_highs(cost, [1.0] * len(cost), rows, integer=False, time_limit_s=self.time_limit_s)
         self.shares = {(columns[i][0], columns[i][1]): v for i, v in enumerate(values) if v > 1e-9}
 
     def decide(self, now: float) -> list[Action]:
-        sim = self.sim
-        assert sim is not None
+        view = self.view
+        assert view is not None
         elapsed = now - self._last_tick
         self._last_tick = now
-        for job_id, state in sim.running.items():
+        for job_id, state in view.running.items():
             assert state.option is not None
             key = (job_id, state.option.gpu_type)
             self.received[key] = self.received.get(key, 0.0) + elapsed
-        active = sorted([*sim.running, *sim.queue])
+        active = sorted([*view.running, *view.queue])
         if not active:
             return []
         known = self._known(active)
@@ -109,15 +109,15 @@ class GavelPolicy(_Base):
             self.used = known
         ranked = []
         for (job_id, gpu_type), share in self.shares.items():
-            if job_id not in sim.jobs or sim.jobs[job_id].status == "done":
+            if job_id not in view.jobs or view.jobs[job_id].status == "done":
                 continue
-            age = max(now - sim.jobs[job_id].job.arrival_s, 1e-9)
+            age = max(now - view.jobs[job_id].job.arrival_s, 1e-9)
             got = self.received.get((job_id, gpu_type), 0.0) / age
             priority = share / got if got > 0 else float("inf")
             ranked.append((-priority, -share, job_id, gpu_type))
         ranked.sort()
-        free = list(sim.free)
-        for state in sim.running.values():  # plan on an empty cluster: every grant is decided afresh
+        free = list(view.free)
+        for state in view.running.values():  # plan on an empty cluster: every grant is decided afresh
             assert state.option is not None
             for n in state.nodes:
                 free[n] += state.option.gpus_per_node
@@ -125,8 +125,8 @@ class GavelPolicy(_Base):
         for _, _, job_id, gpu_type in ranked:
             if job_id in wanted:
                 continue
-            option = self._options(sim.jobs[job_id].job)[gpu_type]
-            state = sim.jobs[job_id]
+            option = self._options(view.jobs[job_id].job)[gpu_type]
+            state = view.jobs[job_id]
             if (
                 state.status == "running"
                 and state.option is option
@@ -134,13 +134,13 @@ class GavelPolicy(_Base):
             ):
                 nodes: tuple[int, ...] | None = state.nodes  # keep running where it is
             else:
-                nodes = place(sim, option, free)
+                nodes = place(view, option, free)
             if nodes is None:
                 continue
             for n in nodes:
                 free[n] -= option.gpus_per_node
             wanted[job_id] = option
-        return apply_allocations(sim, wanted)
+        return apply_allocations(view, wanted)
 
 
 @register_policy("gavel-oracle")

@@ -64,8 +64,8 @@ from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from frenzy_opt.core.enums import SolverStatus
-from frenzy_opt.core.protocols import Admission
 from frenzy_opt.hardware.placement import FreeIndex
+from frenzy_opt.planning.interfaces import Admission
 from frenzy_opt.planning.problem import Assignment, Option, ProblemJob, Schedule, SchedulingProblem
 from frenzy_opt.solvers.base import register
 from frenzy_opt.solvers.greedy_horizon import Horizon, Reservation, Running

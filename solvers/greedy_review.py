@@ -9,7 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from frenzy_opt.core.protocols import Admission
+from frenzy_opt.core.readable import human_duration
+from frenzy_opt.planning.interfaces import Admission
 from frenzy_opt.planning.problem import Option, ProblemJob
 from frenzy_opt.solvers.greedy_horizon import Horizon, Running
 from frenzy_opt.solvers.waterfill import Candidate, divide
@@ -49,6 +50,8 @@ class Move:
     min_duration_s: float = 0.0
     """A growth's options are cut to ``[min_duration_s, max_duration_s)``: no faster than the plan the
     division (:mod:`frenzy_opt.solvers.waterfill`) gave it, so it takes no GPUs promised to another job."""
+    why: str = ""
+    """What the move gains and what it costs, in a sentence (the service logs it with the move)."""
 
 
 def can_move(state: GreedyState, run: Running, now: float, max_restarts: int) -> bool:
@@ -145,6 +148,10 @@ def review(
                 reason="grow",
                 max_duration_s=grant.limit_s,
                 min_duration_s=grant.option.duration_s,
+                why=(
+                    f"to {grant.option.num_gpus} x {grant.option.gpu_type} on idle GPUs: saves about "
+                    f"{human_duration(grant.gain)} of weighted time, restart included"
+                ),
             )
         )
     for gpu_type, node, count in held:
@@ -208,9 +215,13 @@ def _preempt_for(
     if job.weight * (start - now) <= MOVE_MARGIN * loss:
         return None
     horizons.pop(gpu_type, None)
+    why = (
+        f"for {job.id}, which starts on {option.num_gpus} x {gpu_type} now instead of in "
+        f"{human_duration(start - now)}; the stop costs {human_duration(loss)} of weighted time, restart included"
+    )
     moves = []
     for run in chosen:
         state.release(run.job)
         state.restarts[run.job] = state.restarts.get(run.job, 0) + 1
-        moves.append(Move(job=run.job, reason="preempt"))
+        moves.append(Move(job=run.job, reason="preempt", why=why))
     return moves

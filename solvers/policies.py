@@ -1,4 +1,5 @@
-"""Simulator policies (:class:`frenzy_opt.simulation.simulator.Policy`) and their registry.
+"""Simulator policies (:class:`frenzy_opt.simulation.view.Policy`) and their registry; each decides from a
+:class:`~frenzy_opt.simulation.view.ClusterView`.
 
 * ``frenzy`` — MARP plans + the greedy HAS (:mod:`frenzy_opt.solvers.greedy`), deciding at every arrival and
   completion, non-preemptive: the same :class:`GreedyState` ``frenzy solve`` replays. It plans with its own
@@ -30,18 +31,19 @@ from dataclasses import replace
 
 from frenzy_opt.hardware.placement import choose, refusal
 from frenzy_opt.planning.problem import Option, ProblemJob, SchedulingProblem, thin_fronts
-from frenzy_opt.simulation.simulator import Action, SimJob, SimulationError, Simulator, Start, Stop
+from frenzy_opt.simulation.simulator import Action, SimJob, SimulationError, Start, Stop
+from frenzy_opt.simulation.view import ClusterView
 from frenzy_opt.solvers.base import register_policy
 from frenzy_opt.solvers.cpsat import CpSatSolver
 from frenzy_opt.solvers.greedy import PRICED_JOBS, GreedyState
 
 
-def place(sim: Simulator, option: Option, free: list[int] | None = None) -> tuple[int, ...] | None:
+def place(view: ClusterView, option: Option, free: list[int] | None = None) -> tuple[int, ...] | None:
     """Where ``option`` fits now on the simulator's ledger (or on ``free``, a copy a policy plans on):
     inside one node by best fit, else the lowest-numbered whole free nodes; None if it does not fit."""
-    left = sim.free if free is None else free
-    up = {n: left[n] for n in sim.topology.nodes_of(option.gpu_type) if sim.up[n]}
-    return choose(option, up, sim.topology.node_size(option.gpu_type))
+    left = view.free if free is None else free
+    up = {n: left[n] for n in view.topology.nodes_of(option.gpu_type) if view.up[n]}
+    return choose(option, up, view.topology.node_size(option.gpu_type))
 
 
 class _Base:
@@ -49,10 +51,10 @@ class _Base:
     round_s: float | None = None
 
     def __init__(self) -> None:
-        self.sim: Simulator | None = None
+        self.view: ClusterView | None = None
 
-    def attach(self, sim: Simulator) -> None:
-        self.sim = sim
+    def attach(self, view: ClusterView) -> None:
+        self.view = view
 
     def on_arrival(self, job: SimJob, now: float) -> None:
         return None
@@ -69,7 +71,7 @@ class FrenzyPolicy(_Base):
     """MARP plans + the greedy HAS (module docstring), preemptive and elastic unless ``preempt`` is off.
 
     What it knows of a job's speed on (GPU type, count): what it has measured of that job there (the
-    simulator's :meth:`~frenzy_opt.simulation.simulator.Simulator.observed_step_s`, as Sia and Gavel measure), else the
+    simulator's :meth:`~frenzy_opt.simulation.view.ClusterView.observed_step_s`, as Sia and Gavel measure), else the
     prediction corrected by what it measured of other jobs of the same model — the ratio measured /
     predicted on that type at that count, or at the largest smaller count it has measured (scaling
     efficiency does not rise with the count: Amdahl 1967) — the simulated counterpart of the service's
@@ -120,10 +122,10 @@ class FrenzyPolicy(_Base):
         self._unmeasured: dict[str, float] = {}
         """Runs started whose speed the policy has not measured yet (job -> start)."""
 
-    def attach(self, sim: Simulator) -> None:
-        super().attach(sim)
+    def attach(self, view: ClusterView) -> None:
+        super().attach(view)
         self.state = GreedyState(
-            SchedulingProblem(topology=sim.topology, jobs=()),
+            SchedulingProblem(topology=view.topology, jobs=()),
             queue_price=self.queue_price,
             patient=self.patient,
             priced_jobs=self.priced_jobs,
@@ -131,10 +133,10 @@ class FrenzyPolicy(_Base):
 
     def _step_s(self, job: SimJob, option: Option) -> float:
         """Seconds per step as the policy knows them (class docstring)."""
-        assert self.sim is not None
+        assert self.view is not None
         if self.oracle:
-            return self.sim.truth.step_s(job, option)
-        seen = self.sim.observed_step_s(job.id, option.gpu_type, option.num_gpus)
+            return self.view.true_step_s(job, option)
+        seen = self.view.observed_step_s(job.id, option.gpu_type, option.num_gpus)
         if seen is not None:
             return seen
         return job.step_s(option) * self._correction(job.model, option.gpu_type, option.num_gpus)
@@ -152,8 +154,8 @@ class FrenzyPolicy(_Base):
 
     def _learn(self, job: SimJob, gpu_type: str, num_gpus: int) -> float | None:
         """Record the measured speed of ``job`` on (type, count), if any; returns it."""
-        assert self.sim is not None
-        seen = self.sim.observed_step_s(job.id, gpu_type, num_gpus)
+        assert self.view is not None
+        seen = self.view.observed_step_s(job.id, gpu_type, num_gpus)
         option = job.per_count.get((gpu_type, num_gpus))
         if seen is not None and option is not None and job.step_s(option) > 0:
             ratios = self._ratios.setdefault((job.model, gpu_type), {})
@@ -166,8 +168,8 @@ class FrenzyPolicy(_Base):
     ) -> tuple[tuple[Option, ...], dict[int, Option]]:
         """The job's options for ``remaining`` steps (restart included), Pareto per type, thinned; and the
         one-step option each came from, by the scaled option's id."""
-        assert self.sim is not None
-        state = self.sim.jobs[job.id]
+        assert self.view is not None
+        state = self.view.jobs[job.id]
         restart = job.restart_s if state.starts else job.startup_s
         per_type: dict[str, list[tuple[int, float, Option]]] = {}
         for original in job.per_count.values():
@@ -218,8 +220,8 @@ class FrenzyPolicy(_Base):
 
     def _remaining_now(self, job_id: str, now: float) -> float:
         """Steps left of a running job at ``now`` (what a scheduler reads from the job's progress)."""
-        assert self.sim is not None
-        state = self.sim.jobs[job_id]
+        assert self.view is not None
+        state = self.view.jobs[job_id]
         ran = max(now - state.progress_from_s, 0.0)
         return max(state.remaining - ran / state.step_s, 0.0) if state.step_s > 0 else state.remaining
 
@@ -227,31 +229,31 @@ class FrenzyPolicy(_Base):
         self._enqueue(job, float(job.steps))
 
     def on_end(self, job: SimJob, now: float, finished: bool) -> None:
-        assert self.state is not None and self.sim is not None
-        last = self.sim.jobs[job.id].segments[-1]
+        assert self.state is not None and self.view is not None
+        last = self.view.jobs[job.id].segments[-1]
         self._learn(job, last.gpu_type, last.num_gpus)
         if job.id in self._stopping:  # a move of this policy's: released and enqueued already
             self._stopping.discard(job.id)
             return
         self.state.release(job.id)
         if not finished:
-            self._enqueue(job, self.sim.jobs[job.id].remaining)
+            self._enqueue(job, self.view.jobs[job.id].remaining)
 
     def on_node(self, node: int, now: float, up: bool, until_s: float) -> None:
-        assert self.state is not None and self.sim is not None
+        assert self.state is not None and self.view is not None
         key = f"node-down:{node}"
         if up:
             self.state.release(key)
         else:
-            self.state.hold(key, node, self.sim.free[node], until_s)
+            self.state.hold(key, node, self.view.free[node], until_s)
 
     def _refresh(self, now: float) -> None:
         """Running jobs' estimated ends from their measured speed and progress (class docstring)."""
-        assert self.state is not None and self.sim is not None
+        assert self.state is not None and self.view is not None
         # A run's speed is measured once it progresses; with the truth fixed per run, its end follows from
         # that once, so only runs not yet measured are looked at.
         for job_id in list(self._unmeasured):
-            state = self.sim.running.get(job_id)
+            state = self.view.running.get(job_id)
             option = None if state is None else state.option
             if state is None or option is None or job_id not in self.state.by_job:
                 del self._unmeasured[job_id]
@@ -264,12 +266,12 @@ class FrenzyPolicy(_Base):
             self.state.update_end(job_id, end)
 
     def _options_now(self, job_id: str) -> tuple[Option, ...]:
-        assert self.sim is not None
-        job = self.sim.jobs[job_id].job
-        return self._scaled(job, self._remaining_now(job_id, self.sim.now))[0]
+        assert self.view is not None
+        job = self.view.jobs[job_id].job
+        return self._scaled(job, self._remaining_now(job_id, self.view.now))[0]
 
     def decide(self, now: float) -> list[Action]:
-        assert self.state is not None and self.sim is not None
+        assert self.state is not None and self.view is not None
         if not self.oracle:
             self._refresh(now)
         assignments = self.state.decide(now)
@@ -282,21 +284,21 @@ class FrenzyPolicy(_Base):
                 remaining = self._remaining_now(move.job, now)
                 self._stopping.add(move.job)
                 stops.append(Stop(job=move.job))
-                self._enqueue(self.sim.jobs[move.job].job, remaining, move.max_duration_s, move.min_duration_s)
+                self._enqueue(self.view.jobs[move.job].job, remaining, move.max_duration_s, move.min_duration_s)
             if moves:
                 assignments += self.state.decide(now)
         if self.preempt and self.review_every_s > 0 and self.state.by_job and now >= self._next_review:
             self._next_review = now + self.review_every_s
-            self.sim.wake_at(self._next_review)
+            self.view.wake_at(self._next_review)
         actions: list[Action] = list(stops)
         for a in assignments:
             originals = self._options.pop(a.job)
             actions.append(Start(job=a.job, option=originals[id(a.option)], nodes=a.nodes))
             self._unmeasured[a.job] = now
             if self.preempt:
-                job = self.sim.jobs[a.job]
+                job = self.view.jobs[a.job]
                 restart = job.job.restart_s if job.starts else job.job.startup_s
-                self.sim.wake_at(now + restart + 1.0)  # measure its speed once it progresses
+                self.view.wake_at(now + restart + 1.0)  # measure its speed once it progresses
         return actions
 
 
@@ -327,14 +329,14 @@ class FifoPolicy(_Base):
             self.queues[job.request.gpu_type].appendleft(job)
 
     def decide(self, now: float) -> list[Action]:
-        assert self.sim is not None
+        assert self.view is not None
         actions: list[Action] = []
-        free = list(self.sim.free)
+        free = list(self.view.free)
         for queue in self.queues.values():
             while queue:
                 job = queue[0]
                 option = job.per_count[(job.request.gpu_type, job.request.num_gpus)]
-                nodes = place(self.sim, option, free)
+                nodes = place(self.view, option, free)
                 if nodes is None:
                     break
                 queue.popleft()
@@ -359,43 +361,43 @@ class OptimalPolicy(_Base):
         self.bound: float | None = None
         self._solved = False
 
-    def attach(self, sim: Simulator) -> None:
-        super().attach(sim)
-        if sim.failures is not None:
+    def attach(self, view: ClusterView) -> None:
+        super().attach(view)
+        if view.failures is not None:
             raise SimulationError("cpsat-offline: an offline schedule cannot replay failures; run it without them")
-        if len(sim.jobs) > self.max_jobs:
+        if len(view.jobs) > self.max_jobs:
             raise SimulationError(
-                f"cpsat-offline: {len(sim.jobs)} jobs exceed max_jobs={self.max_jobs}, beyond what CP-SAT solves here "
+                f"cpsat-offline: {len(view.jobs)} jobs exceed max_jobs={self.max_jobs}, beyond what CP-SAT solves here "
                 "(raise policies.cpsat-offline.max_jobs to try)"
             )
 
     def _solve(self) -> None:
-        assert self.sim is not None
+        assert self.view is not None
         problem_jobs = []
         originals: dict[str, dict[int, Option]] = {}
-        for state in self.sim.jobs.values():
+        for state in self.view.jobs.values():
             job = state.job
             scaled = tuple(replace(o, duration_s=float(math.ceil(job.step_s(o) * job.steps))) for o in job.options)
             originals[job.id] = {id(s): o for s, o in zip(scaled, job.options, strict=True)}
             problem_jobs.append(ProblemJob(id=job.id, arrival_s=job.arrival_s, weight=job.weight, options=scaled))
-        schedule = self.solver.solve(SchedulingProblem(topology=self.sim.topology, jobs=tuple(problem_jobs)))
+        schedule = self.solver.solve(SchedulingProblem(topology=self.view.topology, jobs=tuple(problem_jobs)))
         self.status, self.bound = schedule.status, schedule.bound
         if not schedule.assignments:
             raise SimulationError(f"cpsat-offline: CP-SAT found no schedule ({schedule.status})")
         for a in schedule.assignments:
             self.plan[a.job] = (a.start_s, originals[a.job][id(a.option)], a.nodes)
-            self.sim.wake_at(a.start_s)
+            self.view.wake_at(a.start_s)
 
     def decide(self, now: float) -> list[Action]:
-        assert self.sim is not None
+        assert self.view is not None
         if not self._solved:
             self._solve()
             self._solved = True
         actions: list[Action] = []
-        free = list(self.sim.free)
-        for job_id in [j for j, (start, _, _) in self.plan.items() if start <= now and j in self.sim.queue]:
+        free = list(self.view.free)
+        for job_id in [j for j, (start, _, _) in self.plan.items() if start <= now and j in self.view.queue]:
             _, option, planned = self.plan[job_id]
-            nodes = planned if self._fits(option, planned, free) else place(self.sim, option, free)
+            nodes = planned if self._fits(option, planned, free) else place(self.view, option, free)
             if nodes is None:
                 continue  # an earlier job still holds the GPUs (it ran longer than predicted): wait
             del self.plan[job_id]
@@ -405,6 +407,6 @@ class OptimalPolicy(_Base):
         return actions
 
     def _fits(self, option: Option, nodes: tuple[int, ...], free: list[int]) -> bool:
-        assert self.sim is not None
-        up = {n: free[n] for n in nodes if self.sim.up[n]}
-        return refusal(option, nodes, up, self.sim.topology.node_size(option.gpu_type)) is None
+        assert self.view is not None
+        up = {n: free[n] for n in nodes if self.view.up[n]}
+        return refusal(option, nodes, up, self.view.topology.node_size(option.gpu_type)) is None

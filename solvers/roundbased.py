@@ -12,21 +12,22 @@ import highspy
 import numpy as np
 
 from frenzy_opt.planning.problem import Option
-from frenzy_opt.simulation.simulator import Action, SimJob, Simulator, Start, Stop
+from frenzy_opt.simulation.simulator import Action, SimJob, Start, Stop
+from frenzy_opt.simulation.view import ClusterView
 from frenzy_opt.solvers.policies import place
 
 _BANNER_SHOWN: list[bool] = []
 
 
-def known_step_s(sim: Simulator, job: SimJob, option: Option, *, oracle: bool = False) -> float:
+def known_step_s(view: ClusterView, job: SimJob, option: Option, *, oracle: bool = False) -> float:
     """Seconds per step of ``job`` on ``option`` as a measuring scheduler knows them: the true value once
-    the job has run on that (GPU type, GPU count) (:meth:`Simulator.observed_step_s`: Sia and Gavel measure
+    the job has run on that (GPU type, GPU count) (:meth:`ClusterView.observed_step_s`: Sia and Gavel measure
     running jobs), before that the step-time model's prediction (Sia profiles and Gavel estimates
     throughput; the prediction stands in for both, with the same error frenzy has). ``oracle``: the true
     value always (the ``-oracle`` variants)."""
     if oracle:
-        return sim.truth.step_s(job, option)
-    seen = sim.observed_step_s(job.id, option.gpu_type, option.num_gpus)
+        return view.true_step_s(job, option)
+    seen = view.observed_step_s(job.id, option.gpu_type, option.num_gpus)
     return job.step_s(option) if seen is None else seen
 
 
@@ -115,7 +116,7 @@ def solve_highs(
     return values
 
 
-def apply_allocations(sim: Simulator, wanted: dict[str, Option]) -> list[Action]:
+def apply_allocations(view: ClusterView, wanted: dict[str, Option]) -> list[Action]:
     """Actions that move the cluster to the allocations ``wanted`` (job -> option; absent = not running).
 
     Jobs that keep their option keep their nodes (no restart). Every other running job stops (it
@@ -125,20 +126,20 @@ def apply_allocations(sim: Simulator, wanted: dict[str, Option]) -> list[Action]
     may not move (:func:`locked`) keeps its allocation whatever ``wanted`` says.
     """
     actions: list[Action] = []
-    free = list(sim.free)
+    free = list(view.free)
     wanted = dict(wanted)
-    for job_id, state in sim.running.items():
-        if locked(sim, job_id):
+    for job_id, state in view.running.items():
+        if locked(view, job_id):
             wanted[job_id] = state.option  # type: ignore[assignment]
         if wanted.get(job_id) is not state.option:
             actions.append(Stop(job=job_id))
             assert state.option is not None
             for n in state.nodes:
                 free[n] += state.option.gpus_per_node
-    starts = [(j, o) for j, o in wanted.items() if j not in sim.running or sim.running[j].option is not o]
+    starts = [(j, o) for j, o in wanted.items() if j not in view.running or view.running[j].option is not o]
     starts.sort(key=lambda jo: (jo[1].whole_nodes == 0, -jo[1].num_gpus, jo[0]))
     for job_id, option in starts:
-        nodes = place(sim, option, free)
+        nodes = place(view, option, free)
         if nodes is None:
             continue
         for n in nodes:
@@ -147,9 +148,9 @@ def apply_allocations(sim: Simulator, wanted: dict[str, Option]) -> list[Action]
     return actions
 
 
-def locked(sim: Simulator, job_id: str) -> bool:
+def locked(view: ClusterView, job_id: str) -> bool:
     """A running job no policy may stop: its spec says ``scheduling.preemptible: false``, or it has made its
     ``scheduling.max_moves`` moves (restarts after its first start)."""
-    state = sim.jobs[job_id]
+    state = view.jobs[job_id]
     job = state.job
     return not job.preemptible or (job.max_moves is not None and state.starts - 1 >= job.max_moves)

@@ -32,16 +32,17 @@ Parameters and how each follows the paper and its public artefact:
 from __future__ import annotations
 
 from frenzy_opt.planning.problem import Option
-from frenzy_opt.simulation.simulator import Action, Simulator, Start
+from frenzy_opt.simulation.simulator import Action, Start
+from frenzy_opt.simulation.view import ClusterView
 from frenzy_opt.solvers.base import register_policy
 from frenzy_opt.solvers.policies import _Base
 from frenzy_opt.solvers.roundbased import apply_allocations, known_step_s, locked, solve_highs
 
 
-def sia_counts(sim: Simulator, gpu_type: str) -> set[int]:
+def sia_counts(view: ClusterView, gpu_type: str) -> set[int]:
     """Sia's GPU counts on one type: 1, 2, 4, … up to the node size, then whole nodes (§3.2)."""
-    nodes = sim.topology.nodes_of(gpu_type)
-    size = max(sim.topology.nodes[n].num_gpus for n in nodes)
+    nodes = view.topology.nodes_of(gpu_type)
+    size = max(view.topology.nodes[n].num_gpus for n in nodes)
     counts = set()
     k = 1
     while k <= size:
@@ -71,13 +72,13 @@ class SiaPolicy(_Base):
         self.largest: dict[str, int] = {}
         self.counts: dict[str, set[int]] = {}
 
-    def attach(self, sim: Simulator) -> None:
-        super().attach(sim)
-        self.counts = {t: sia_counts(sim, t) for t in sim.topology.gpu_types}
+    def attach(self, view: ClusterView) -> None:
+        super().attach(view)
+        self.counts = {t: sia_counts(view, t) for t in view.topology.gpu_types}
 
     def _allowed(self, job_id: str) -> list[Option]:
-        assert self.sim is not None
-        job = self.sim.jobs[job_id].job
+        assert self.view is not None
+        job = self.view.jobs[job_id].job
         limit = 2 * self.largest.get(job_id, 0)
         by_type: dict[str, list[Option]] = {}
         for (gpu_type, count), option in job.per_count.items():
@@ -90,8 +91,8 @@ class SiaPolicy(_Base):
         return allowed
 
     def _realloc_factor(self, job_id: str, now: float) -> float:
-        assert self.sim is not None
-        state = self.sim.jobs[job_id]
+        assert self.view is not None
+        state = self.view.jobs[job_id]
         r = state.job.restart_s
         age = now - state.first_start_s if state.first_start_s is not None else 0.0
         if age < r:
@@ -99,9 +100,9 @@ class SiaPolicy(_Base):
         return max(age - max(state.starts - 1, 0) * r, 0.0) / (age + r)
 
     def decide(self, now: float) -> list[Action]:
-        sim = self.sim
-        assert sim is not None
-        active = sorted([*sim.running, *sim.queue])
+        view = self.view
+        assert view is not None
+        active = sorted([*view.running, *view.queue])
         if not active:
             return []
         columns: list[tuple[str, Option]] = []
@@ -109,13 +110,13 @@ class SiaPolicy(_Base):
         upper: list[float] = []
         per_job: dict[str, list[int]] = {}
         for job_id in active:
-            state = sim.jobs[job_id]
+            state = view.jobs[job_id]
             allowed = self._allowed(job_id)
             if not allowed:
                 continue
             # Restarting, or not to be moved (the spec's preemptible/max_moves): keep it.
-            pinned = state.status == "running" and (state.progress_from_s > now or locked(sim, job_id))
-            speed = {id(o): 1.0 / known_step_s(sim, state.job, o, oracle=self.oracle) for o in allowed}
+            pinned = state.status == "running" and (state.progress_from_s > now or locked(view, job_id))
+            speed = {id(o): 1.0 / known_step_s(view, state.job, o, oracle=self.oracle) for o in allowed}
             base = min(speed.values())
             factor = self._realloc_factor(job_id, now) if state.status == "running" else 1.0
             for option in allowed:
@@ -131,12 +132,12 @@ class SiaPolicy(_Base):
                 upper.append(1.0)
         rows: list[tuple[list[int], list[float], float]] = []
         for job_id, idx in per_job.items():
-            state = sim.jobs[job_id]
-            if state.status == "running" and (state.progress_from_s > now or locked(sim, job_id)):
+            state = view.jobs[job_id]
+            if state.status == "running" and (state.progress_from_s > now or locked(view, job_id)):
                 rows.append((idx, [-1.0] * len(idx), -1.0))  # sum >= 1: it must stay allocated
             rows.append((idx, [1.0] * len(idx), 1.0))
-        for gpu_type in sim.topology.gpu_types:
-            up_nodes = [n for n in sim.topology.nodes_of(gpu_type) if sim.up[n]]
+        for gpu_type in view.topology.gpu_types:
+            up_nodes = [n for n in view.topology.nodes_of(gpu_type) if view.up[n]]
             idx = [i for i, (_, o) in enumerate(columns) if o.gpu_type == gpu_type]
             if not idx:
                 continue
@@ -144,7 +145,7 @@ class SiaPolicy(_Base):
                 (
                     idx,
                     [float(columns[i][1].num_gpus) for i in idx],
-                    float(sum(sim.topology.nodes[n].num_gpus for n in up_nodes)),
+                    float(sum(view.topology.nodes[n].num_gpus for n in up_nodes)),
                 )
             )
             whole = [i for i in idx if columns[i][1].whole_nodes]
@@ -152,11 +153,11 @@ class SiaPolicy(_Base):
                 rows.append((whole, [float(columns[i][1].whole_nodes) for i in whole], float(len(up_nodes))))
         values = solve_highs(cost, upper, rows, integer=True, time_limit_s=self.time_limit_s)
         wanted = {columns[i][0]: columns[i][1] for i, v in enumerate(values) if v > 0.5}
-        actions = apply_allocations(sim, wanted)
+        actions = apply_allocations(view, wanted)
         for action in actions:
             if isinstance(action, Start):
                 self.largest[action.job] = max(self.largest.get(action.job, 0), action.option.num_gpus)
-        for job_id, state in sim.running.items():
+        for job_id, state in view.running.items():
             if state.option is not None and wanted.get(job_id) is state.option:
                 self.largest[job_id] = max(self.largest.get(job_id, 0), state.option.num_gpus)
         return actions

@@ -53,3 +53,6 @@ def test_gpu_hours_per_tenant_and_type_inside_the_window() -> None:
     rows = usage(stretches, since=1800.0, until=5400.0)
     assert rows == [{"tenant": "t1", "gpu_type": "A100", "gpu_hours": pytest.approx(8 * 0.5 + 2 * 1.0), "jobs": 2}]
     assert [r["tenant"] for r in usage(stretches, since=0.0, until=10_000.0)] == ["t1", "t2"]
+    # One clock: at a time scale of 120 the same wall window holds 120x the GPU-hours of cluster time.
+    scaled = usage(stretches, since=1800.0, until=5400.0, time_scale=120.0)
+    assert scaled[0]["gpu_hours"] == pytest.approx(120 * rows[0]["gpu_hours"])

@@ -26,7 +26,8 @@ from frenzy_opt.api.app import create_app
 from frenzy_opt.core.spec import parse_job
 from frenzy_opt.hardware.topology import Topology
 from frenzy_opt.launch.executors import Launch, OnExit
-from frenzy_opt.launch.executors.local import LocalExecutor, job_plan_supported, plan_supported
+from frenzy_opt.launch.executors.common import job_plan_supported, plan_supported
+from frenzy_opt.launch.executors.local import LocalExecutor
 from frenzy_opt.launch.executors.simulated import SimulatedExecutor
 from frenzy_opt.planning.plans import DEFAULT_STEP_MODEL, NoFeasiblePlan, Plan, enumerate_plans, search_or_fail
 from frenzy_opt.planning.problem import OptionCache, search_options
@@ -183,7 +184,7 @@ class _FilteringExecutor:
     def launch(self, launch: Launch, on_exit: OnExit, on_report: object = None) -> None:
         pass
 
-    def cancel(self, job_id: str) -> None:
+    def cancel(self, job_id: str, why: str | None = None) -> None:
         pass
 
     def running(self) -> set[str]:

@@ -204,6 +204,23 @@ def test_plan_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     check_plans(plans, "paper-3type")
 
 
+def test_plan_shows_the_best_plan_of_each_type_on_a_mixed_cluster(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    payload = run_json(capsys, "plan", job_file(tmp_path), "--cluster", "paper-3type", "--top", "2")
+    best = payload["best_per_type"]
+    types = [p["gpu_type"] for p in best]
+    assert len(types) == len(set(types)) == 3  # paper-3type's three types, each once
+    every = run_json(capsys, "plan", job_file(tmp_path), "--cluster", "paper-3type", "--top", "100000")["plans"]
+    for plan in best:  # each the fastest of its type
+        fastest = min((p for p in every if p["gpu_type"] == plan["gpu_type"]), key=lambda p: p["step_time_s"])
+        assert plan["step_time_s"] == fastest["step_time_s"]
+    two = run_json(capsys, "plan", job_file(tmp_path), "--cluster", "paper-3type", "--per-type", "2")
+    assert len(two["best_per_type"]) == 6
+    none = run_json(capsys, "plan", job_file(tmp_path), "--cluster", "paper-3type", "--per-type", "0")
+    assert none["best_per_type"] == []
+
+
 def test_plan_keeps_pinned_fields(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     pinned = {"tp": 2, "recompute": "selective", "zero_stage": 1, "sequence_parallel": False}
     job = job_file(tmp_path, model=INLINE_MODEL, parallel=pinned)

@@ -162,7 +162,7 @@ def test_an_ambiguous_gpu_name_is_an_error_listing_the_matches(capsys: pytest.Ca
 
 
 def test_the_printed_layout_shows_every_parallel_dimension_that_is_not_1() -> None:
-    from frenzy_opt.cli import _parallel_text
+    from frenzy_opt.core.readable import parallel_text
 
     parallel = {"dp": 1, "tp": 4, "pp": 2, "vpp": 1, "cp": 2, "ep": 1, "zero_stage": 1, "recompute": "none"}
-    assert _parallel_text(parallel).startswith("dp1 tp4 pp2 cp2")
+    assert parallel_text(parallel).startswith("dp1 tp4 pp2 cp2")

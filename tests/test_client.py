@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from frenzy_opt import client as client_module
 from frenzy_opt.api.app import create_app
 from frenzy_opt.cli import main
-from frenzy_opt.client import Target, parse_duration, resolve
+from frenzy_opt.client import Target, _where, parse_duration, resolve, usage_table
 
 TOKEN_A, TOKEN_ADMIN = "token-team-a", "token-admin-1"
 TENANTS = {"tokens": [{"token": TOKEN_A, "tenant": "team-a"}, {"token": TOKEN_ADMIN, "tenant": "ops", "admin": True}]}
@@ -150,6 +150,15 @@ def test_durations() -> None:
     for bad in ("soon", "-3h", "h"):
         with pytest.raises(ValueError, match="--since"):
             parse_duration(bad)
+
+
+def test_one_clock_cluster_time_with_its_wall_time_when_scaled() -> None:
+    queued = {"state": "queued", "queue_position": 3, "estimated_start_in_s": 7200.0 * 10, "time_scale": 120.0}
+    assert _where(queued) == "#3, starts in 20.0h cluster time (~10m wall at 120x)"
+    assert _where({**queued, "time_scale": 1.0}) == "#3, starts in 20.0h"
+    row = {"tenant": "t", "gpu_type": "A100", "gpu_hours": 76.0, "jobs": 3}
+    text = usage_table({"time_scale": 120.0, "rows": [row]})
+    assert "76.00" in text and "cluster time" in text and "120x" in text
 
 
 def test_version(capsys: pytest.CaptureFixture[str]) -> None:

@@ -49,7 +49,7 @@ def test_slurm_script_asks_for_typed_gres_and_runs_torchrun_per_node(tmp_path: P
     assert "#SBATCH --gres=gpu:a100-sxm4-80gb:8" in script and "#SBATCH --partition=gpu" in script
     assert "srun --kill-on-bad-exit=1 python -m torch.distributed.run" in script
     assert '--nnodes="$SLURM_NNODES" --node-rank="$SLURM_NODEID" --nproc-per-node=8' in script
-    assert "-m frenzy_opt.launch.train --job job.json --plan plan.json" in script and "--steps 100" in script
+    assert "-m frenzy_opt.launch.worker.train --job job.json --plan plan.json" in script and "--steps 100" in script
     job_json = script.split("<<'FRENZY_JOB'\n", 1)[1].split("\nFRENZY_JOB", 1)[0]
     assert parse_job(json.loads(job_json)) == parse_job(TINY)
     plan_json = json.loads(script.split("<<'FRENZY_PLAN'\n", 1)[1].split("\nFRENZY_PLAN", 1)[0])
@@ -125,7 +125,7 @@ def test_plan_export_is_the_schedulers_choice_written_as_frenzy_export_writes_it
 ) -> None:
     from frenzy_opt.core.spec import load_job
     from frenzy_opt.hardware.topology import Topology
-    from frenzy_opt.launch.executors.local import plan_supported
+    from frenzy_opt.launch.executors.common import plan_supported
     from frenzy_opt.planning.export import gres_type
     from frenzy_opt.planning.problem import OptionCache
     from frenzy_opt.planning.scenario import load_cluster_ref, resolve

@@ -202,7 +202,7 @@ class ResumingExecutor:
     def launch(self, launch: Launch, on_exit: OnExit, on_report: object = None) -> None:
         self.launched[launch.job_id] = launch
 
-    def cancel(self, job_id: str) -> None:
+    def cancel(self, job_id: str, why: str | None = None) -> None:
         self.cancelled.append(job_id)
         self.launched.pop(job_id, None)
 

@@ -103,7 +103,7 @@ def _rank_pids(agent: int) -> list[int]:
             cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
-        if int(stat[1]) == agent and "frenzy_opt.launch.train" in cmdline:
+        if int(stat[1]) == agent and "frenzy_opt.launch.worker.train" in cmdline:
             pids.append(int(entry.name))
     return sorted(pids)
 

@@ -167,8 +167,8 @@ def test_every_plan_offered_to_the_local_executor_is_one_the_worker_accepts(runt
     """The worker's refusals (train.check_plan, and torch's 1F1B needing at least pp micro-batches) against
     what the planner offers through the executor's filter, for every pipeline depth the tiny job allows."""
     from frenzy_opt.core.spec import parse_job
-    from frenzy_opt.launch.executors.local import worker_supports
-    from frenzy_opt.launch.train import check_plan
+    from frenzy_opt.launch.worker.support import worker_supports
+    from frenzy_opt.launch.worker.train import check_plan
     from frenzy_opt.planning.plans import enumerate_plans
     from frenzy_opt.planning.scenario import load_cluster_ref
 
@@ -186,7 +186,7 @@ def test_every_plan_offered_to_the_local_executor_is_one_the_worker_accepts(runt
 
 def test_fewer_micro_batches_than_pipeline_stages_are_refused_with_the_reason() -> None:
     from frenzy_opt.core.spec import ParallelConfig, parse_job
-    from frenzy_opt.launch.executors.local import worker_supports
+    from frenzy_opt.launch.worker.support import worker_supports
 
     arch = parse_job(TINY).model
     why = worker_supports(ParallelConfig(dp=2, pp=2, zero_stage=3), arch, num_micro_batches=1)

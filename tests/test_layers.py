@@ -20,6 +20,7 @@ LAYERS = {
     "frenzy_opt.models": 0,
     "frenzy_opt.yamlload": 0,
     "frenzy_opt.core": 1,
+    "frenzy_opt.formats": 1,
     "frenzy_opt.hardware": 2,
     "frenzy_opt.prediction": 3,
     "frenzy_opt.planning": 4,
@@ -87,6 +88,19 @@ def test_nothing_imports_upward() -> None:
                 if layer is not None and layer > own:
                     violations.append(f"{name} imports {target}")
     assert not violations
+
+
+def test_a_training_rank_loads_no_planner() -> None:
+    """The worker's room (launch/worker) loads what a rank needs: not the planner, MARP, the step-time model,
+    the solvers or networkx (every torchrun rank imports it)."""
+    code = (
+        "import sys, frenzy_opt.launch.worker.train\n"
+        "heavy = ('frenzy_opt.planning', 'frenzy_opt.prediction', 'frenzy_opt.solvers', 'frenzy_opt.launch.executors',"
+        " 'networkx')\n"
+        "print(','.join(sorted(m for m in sys.modules if m.startswith(heavy))))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == ""
 
 
 def test_the_service_loads_no_offline_solver() -> None:

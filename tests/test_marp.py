@@ -5,14 +5,16 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from frenzy_opt.core.partition import chunk_layer_counts
+from frenzy_opt.core.runtimes import default_sequence_parallel, runtime_refusal
 from frenzy_opt.core.spec import JobSpec, ParallelConfig, TrainingConfig, parse_job
 from frenzy_opt.hardware.gpus import lookup_gpu
 from frenzy_opt.prediction.marp.layout import state_layout
 from frenzy_opt.prediction.marp.predictor import DEFAULT_CUDA, peak_stages, predict_memory, predict_peak
-from frenzy_opt.prediction.marp.stages import chunk_layer_counts, in_flight_chunks, stage_shapes
+from frenzy_opt.prediction.marp.stages import in_flight_chunks, stage_shapes
 
 
 def _job(model: str = "llama2-7b", parallel: dict[str, object] | None = None, **training: object) -> JobSpec:
@@ -121,7 +123,10 @@ def test_fp8_saves_activation_memory() -> None:
 def test_memory_is_monotone_in_batch_and_sequence(
     model: str, runtime: str, seq: int, mb: int, tp: int, pp: int, recompute: str
 ) -> None:
-    zero = {"megatron": 1, "deepspeed": 2, "fsdp2": 3, "hf": 0}[runtime]
+    zero = {"megatron": 1, "deepspeed": 2 if pp == 1 else 1, "fsdp2": 3, "hf": 0}[runtime]
+    # Only layouts the runtime runs (frenzy_opt.core.runtimes): hf has no tp or pp, deepspeed no selective.
+    sp = default_sequence_parallel(runtime, tp)
+    assume(runtime_refusal(runtime, tp=tp, pp=pp, sequence_parallel=sp, zero_stage=zero, recompute=recompute) is None)
     parallel = {"tp": tp, "pp": pp, "dp": 2 if runtime != "hf" else 1, "zero_stage": zero, "recompute": recompute}
     base = _job(model, parallel, seq_len=seq, micro_batch_size=mb, runtime=runtime, global_batch_size=64)
     peak = predict_memory(base).peak_allocated_bytes

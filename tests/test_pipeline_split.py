@@ -7,11 +7,11 @@ from dataclasses import replace
 
 import pytest
 
+from frenzy_opt.core.partition import chunk_layer_counts
 from frenzy_opt.core.spec import parse_job
 from frenzy_opt.hardware.cluster import parse_cluster
 from frenzy_opt.planning.plans import enumerate_plans
 from frenzy_opt.prediction.marp.predictor import peak_stages, predict_memory, predict_peak
-from frenzy_opt.prediction.marp.stages import chunk_layer_counts
 
 
 def _job(model: str, parallel: dict[str, object], **training: object):  # type: ignore[no-untyped-def]

@@ -31,7 +31,7 @@ from frenzy_opt.plots.simplot import (
     utilization_figure,
     utilization_series,
 )
-from frenzy_opt.simulation.simulator import JobState, Segment, SimJob, SimResult, sim_jobs
+from frenzy_opt.simulation.simulator import Segment, SimJob, SimJobState, SimResult, sim_jobs
 from frenzy_opt.solvers.base import make_solver
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -51,10 +51,10 @@ def _seg(job: str, gpu_type: str, nodes: tuple[int, ...], per_node: int, start: 
 def _result(
     template: SimJob, policy: str, segments: list[Segment], gpus_per_type: dict[str, int], arrival_s: float = 0.0
 ) -> SimResult:
-    jobs: dict[str, JobState] = {}
+    jobs: dict[str, SimJobState] = {}
     for seg in segments:
         if seg.job not in jobs:
-            jobs[seg.job] = JobState(job=replace(template, id=seg.job, arrival_s=arrival_s), remaining=0.0)
+            jobs[seg.job] = SimJobState(job=replace(template, id=seg.job, arrival_s=arrival_s), remaining=0.0)
         state = jobs[seg.job]
         state.segments.append(seg)
         state.status = "done"

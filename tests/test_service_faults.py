@@ -228,7 +228,7 @@ class _Survivors(SimulatedExecutor):
     def running(self) -> set[str]:
         return super().running() | self.alive
 
-    def cancel(self, job_id: str) -> None:
+    def cancel(self, job_id: str, why: str | None = None) -> None:
         self.cancelled.append(job_id)
         self.alive.discard(job_id)
         super().cancel(job_id)

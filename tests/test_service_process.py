@@ -131,7 +131,7 @@ def test_a_second_serve_on_the_same_database_exits_before_touching_it(db_url: st
     try:
         _wait_up(url, first)
         with httpx.Client(base_url=url, timeout=30) as client:
-            job = client.post("/v1/jobs", json=MEDIUM).json()
+            job = client.post("/v1/jobs", json=MEDIUM, params={"wait": 30}).json()  # the decision in the answer
             assert job["state"] == "running"
             before = client.get(f"/v1/jobs/{job['id']}").json()["history"]
             # The same port too: the second fails at the writer lock, before recovery and before binding.

@@ -25,8 +25,9 @@ from frenzy_opt.simulation.simulator import (
     percentile,
     sim_jobs,
 )
+from frenzy_opt.simulation.view import ClusterView
 from frenzy_opt.solvers.base import make_policy, policy_names
-from frenzy_opt.solvers.policies import place
+from frenzy_opt.solvers.policies import FifoPolicy, place
 
 GPU_TYPES = ("A100-SXM4-80GB", "V100-SXM2-32GB")
 
@@ -255,3 +256,23 @@ def test_policy_registry_names_unknown_policies_and_bad_settings() -> None:
         make_policy("pollux")
     with pytest.raises(ValueError, match=r"policies\.sia"):
         make_policy("sia", rounds=3)
+
+
+def test_a_policy_sees_the_cluster_read_only() -> None:
+    """Policies get a ClusterView: the simulator's own state through read-only containers, no simulator."""
+    seen: list[ClusterView] = []
+
+    class Spy(FifoPolicy):  # a real policy that keeps the view it is given
+        def attach(self, view: ClusterView) -> None:
+            super().attach(view)
+            seen.append(view)
+
+    jobs, topology = sim_jobs(load_scenario())
+    Simulator(topology, jobs, Spy()).run()
+    (view,) = seen
+    assert not isinstance(view, Simulator)
+    with pytest.raises(TypeError):
+        view.free[0] = 0  # type: ignore[index]
+    with pytest.raises(TypeError):
+        view.running["x"] = None  # type: ignore[index]
+    assert len(view.free) == len(topology.nodes) and view.now > 0

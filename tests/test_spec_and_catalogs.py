@@ -558,10 +558,9 @@ def test_published_gpu_facts() -> None:
 
 
 def test_gpu_aliases_resolve_case_insensitively() -> None:
-    assert lookup_gpu("a100").name.startswith("A100")
-    assert lookup_gpu("A100") == lookup_gpu("a100")
-    assert lookup_gpu("H100").name.startswith("H100")
-    assert lookup_gpu("h100") == lookup_gpu("H100")
+    assert lookup_gpu("h100-sxm").name == "H100-SXM5-80GB"
+    assert lookup_gpu("NVIDIA A100-SXM4-80GB").name == "A100-SXM4-80GB"  # nvidia-smi's name
+    assert lookup_gpu("rtx 2080").name == "RTX-2080"  # an exact alias wins over the 2080 Ti it is a prefix of
     for name in REQUIRED_GPUS:
         assert lookup_gpu(name.lower()).name == name
         assert lookup_gpu(f"  {name.upper()} ").name == name
@@ -618,7 +617,7 @@ def test_resolve_shipped_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 
 
 def _cluster(**group: Any) -> dict[str, Any]:
-    return {"name": "c", "node_groups": [{"gpu": "A100", "num_nodes": 1, "gpus_per_node": 8, **group}]}
+    return {"name": "c", "node_groups": [{"gpu": "A100-SXM4-80GB", "num_nodes": 1, "gpus_per_node": 8, **group}]}
 
 
 @pytest.mark.parametrize(

@@ -142,9 +142,9 @@ def test_links_come_from_the_topology_graph() -> None:
 )
 def test_network_fields_are_checked(network: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        parse_cluster({"node_groups": [{"gpu": "H100"}], "network": network})
+        parse_cluster({"node_groups": [{"gpu": "H100-SXM5-80GB"}], "network": network})
     with pytest.raises(ValueError, match="nvlink_domain"):
-        parse_cluster({"node_groups": [{"gpu": "H100", "nvlink_domain": 12}]})
+        parse_cluster({"node_groups": [{"gpu": "H100-SXM5-80GB", "nvlink_domain": 12}]})
 
 
 def test_pure_data_parallelism_is_not_buried_under_tensor_parallelism() -> None:

@@ -170,7 +170,10 @@ def test_megatron_layouts(arch: ModelArch, parallel: dict[str, object]) -> None:
 def test_megatron_full_recompute_saves_memory() -> None:
     none = trace_job(_job("megatron", dp=2)).stages[0]
     full = trace_job(_job("megatron", dp=2, recompute="full")).stages[0]
-    assert full.model_state_bytes == none.model_state_bytes
+    # The first Megatron trace of a process also holds one 4-byte int buffer Megatron-core creates once per
+    # process and keeps (a later trace finds it made): the model states agree up to such process-level bytes,
+    # whichever of the two traces came first in this worker.
+    assert abs(full.model_state_bytes - none.model_state_bytes) <= 64
     assert full.peak_allocated_bytes < none.peak_allocated_bytes
 
 

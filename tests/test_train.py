@@ -72,7 +72,16 @@ def run_worker(tmp: Path, parallel: dict[str, Any] | list[dict[str, Any]], *extr
     report = tmp / "report.jsonl"
     (world,) = {ranks(p) for p in layouts}
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={world}"]
-    command += ["-m", "frenzy_opt.launch.train", "--job", "job.json", "--plan", "plan.json", "--steps", str(steps)]
+    command += [
+        "-m",
+        "frenzy_opt.launch.worker.train",
+        "--job",
+        "job.json",
+        "--plan",
+        "plan.json",
+        "--steps",
+        str(steps),
+    ]
     command += ["--report", str(report), "--cpu", *extra]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run(command, cwd=tmp, env=env, capture_output=True, text=True, timeout=600)
@@ -152,7 +161,7 @@ def test_a_killed_rank_fails_the_run_and_the_rerun_resumes_on_the_same_trajector
 
 def test_unsupported_plans_are_refused_with_the_reason() -> None:
     from frenzy_opt.core.spec import ParallelConfig, parse_job
-    from frenzy_opt.launch.train import check_plan
+    from frenzy_opt.launch.worker.train import check_plan
 
     job = parse_job(TINY)
     with pytest.raises(ValueError, match="cp=2"):
@@ -173,7 +182,7 @@ def test_token_files_feed_windows_of_the_file_and_synthetic_data_is_learnable(tm
     import numpy as np
 
     from frenzy_opt.core.spec import parse_job
-    from frenzy_opt.launch.train import batch_for
+    from frenzy_opt.launch.worker.train import batch_for
 
     job = parse_job(TINY)
     tokens = np.arange(10_000, dtype=np.uint16) % 256

@@ -8,17 +8,16 @@ from pathlib import Path
 from factories import synthetic_plan
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_has import ResumingExecutor
+from test_has import ResumingExecutor, _sim_job
 
 from frenzy_opt.core.spec import parse_job
 from frenzy_opt.hardware.cluster import parse_cluster
 from frenzy_opt.hardware.placement import FreeIndex
 from frenzy_opt.hardware.topology import Topology
 from frenzy_opt.planning.problem import Option, ProblemJob, SchedulingProblem
-from frenzy_opt.planning.scenario import Request
 from frenzy_opt.service.orchestrator import Orchestrator, Submitted
 from frenzy_opt.service.store import Store
-from frenzy_opt.simulation.simulator import SimJob, Simulator
+from frenzy_opt.simulation.simulator import Simulator
 from frenzy_opt.solvers.base import make_policy
 from frenzy_opt.solvers.greedy import GreedyState
 from frenzy_opt.solvers.waterfill import Candidate, divide
@@ -140,20 +139,6 @@ def test_review_leaves_the_idle_gpus_of_a_type_a_queued_job_waits_for() -> None:
     state.decide(1_000.0)
     (move,) = state.review(1_000.0, max_restarts=3, options_now=lambda _: faster)
     assert move.reason == "grow" and move.min_duration_s == 10_000.0
-
-
-def _sim_job(job_id: str, arrival_s: float, steps: int, options: tuple[Option, ...]) -> SimJob:
-    return SimJob(
-        id=job_id,
-        arrival_s=arrival_s,
-        weight=1.0,
-        model="m",
-        steps=steps,
-        options=options,
-        per_count={(o.gpu_type, o.num_gpus): o for o in options},
-        request=Request(gpu_type=GPU, num_gpus=8),
-        restart_s=30.0,
-    )
 
 
 def test_the_periodic_review_grows_a_job_no_event_would_revisit() -> None:

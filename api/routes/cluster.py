@@ -33,10 +33,13 @@ def _stretches(service: Service, since: float, who: Principal) -> list[Held]:
 
 @router.get("/usage")
 def usage_of(service: Svc, who: Who, since: Since = 0.0) -> dict[str, Any]:
-    """GPU-hours per tenant and GPU type since ``since`` (seconds since the epoch) from the job history:
-    yours (an admin: everyone's)."""
+    """GPU-hours of cluster time per tenant and GPU type since ``since`` (seconds since the epoch) from the
+    job history: yours (an admin: everyone's). The service's one clock is cluster time: a stretch held for
+    ``w`` wall seconds counts ``w x time_scale`` (the simulated executor's scale; 1 on real GPUs)."""
     now = time.time()
-    return {"since": since, "until": now, "rows": usage(_stretches(service, since, who), since, now)}
+    scale = service.orchestrator.time_scale
+    rows = usage(_stretches(service, since, who), since, now, time_scale=scale)
+    return {"since": since, "until": now, "time_scale": scale, "rows": rows}
 
 
 @router.get("/timeline")

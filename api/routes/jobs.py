@@ -16,19 +16,28 @@ from fastapi import Path as PathParam
 from fastapi.responses import Response, StreamingResponse
 from sqlalchemy.exc import IntegrityError
 
-from frenzy_opt.api.auth import Principal
 from frenzy_opt.api.schemas import STATES, EventOut, JobIn, JobListOut, JobOut
-from frenzy_opt.api.service import Decided, Service, Svc, Who, parse_spec, unavailable, visible
+from frenzy_opt.api.service import Decided, Service, Svc, Who, job_out, parse_spec, unavailable, visible
 from frenzy_opt.core.enums import TERMINAL_STATES
-from frenzy_opt.core.spec import JobSpec
 from frenzy_opt.launch.executors import LogChunk
 from frenzy_opt.service.orchestrator import new_job_id
-from frenzy_opt.service.store import JobRecord
+from frenzy_opt.service.store import JobRecord, job_values
 
 JobIdPath = Annotated[str, PathParam(max_length=64)]
 IdempotencyKey = Annotated[str | None, Header(max_length=200)]
 Limit = Annotated[int, Query(ge=1, le=500)]
 Offset = Annotated[int, Query(ge=0, le=1_000_000_000)]
+MAX_WAIT_S = 60.0
+"""The longest a submission may wait for its first decision (``?wait``; the bound ``--decision-wait-s`` had)."""
+Wait = Annotated[
+    float | None,
+    Query(
+        ge=0,
+        le=MAX_WAIT_S,
+        description="seconds to wait for the scheduler's first decision before answering (default: the "
+        "service's --decision-wait-s, 0: answer once the job is stored)",
+    ),
+]
 CANCEL_WAIT_S = 10.0
 """How long a cancel request waits for the scheduler to carry it out."""
 MAX_LOG_BYTES = 4 << 20
@@ -59,12 +68,16 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
         503: {"description": "the job store cannot serve now; see Retry-After"},
     },
 )
-async def submit(body: JobIn, service: Svc, who: Who, idempotency_key: IdempotencyKey = None) -> JobOut:
-    """Submit a job (contract 1). Answers 202 with its id, state and the plan chosen, or the reason it
-    waits. Re-posting with the same `Idempotency-Key` returns the same job. A job shape the scheduler has not
+async def submit(
+    body: JobIn, service: Svc, who: Who, idempotency_key: IdempotencyKey = None, wait: Wait = None
+) -> JobOut:
+    """Submit a job (contract 1). Answers 202 once the job is stored, with its id and state `queued`; the
+    scheduler's first decision follows (read it with `GET /v1/jobs/{id}`). With `?wait=SECONDS` the answer
+    waits up to that long for the first decision and carries the plan chosen, or the reason it waits.
+    Re-posting with the same `Idempotency-Key` returns the same job. A job shape the scheduler has not
     planned yet costs a plan search, charged to your plan-search limits (429 with `Retry-After` over them)."""
     spec, mapping = parse_spec(body)
-    service.writable()
+    service.writable(file=False)  # the file's identity is checked by the write (a system call per request)
     request_hash = hashlib.sha256(
         json.dumps([mapping, body.weight, body.max_retries], sort_keys=True).encode()
     ).hexdigest()
@@ -76,48 +89,35 @@ async def submit(body: JobIn, service: Svc, who: Who, idempotency_key: Idempoten
             return _replay(service, existing, request_hash)
     # On the event loop: a known shape is answered from the scheduler's cache, a new one searched in a worker.
     searched = await service.feasible(spec, who.tenant)
-    accepted = await loop.run_in_executor(
-        service.store_calls, _accept, service, who, spec, body, mapping, request_hash, idempotency_key
+    values = job_values(
+        job_id=new_job_id(),
+        tenant=who.tenant,
+        name=spec.name,
+        spec=mapping,
+        request_hash=request_hash,
+        idempotency_key=idempotency_key,
+        max_retries=body.max_retries,
+        weight=body.weight,
+        predicted=None,
     )
-    if isinstance(accepted, JobOut):
-        return accepted  # the same key, posted concurrently
-    service.metrics.submitted.labels(who.tenant).inc()
-    decided = Decided(loop)
-    service.orchestrator.submit(accepted, decided, spec, searched=searched)
-    with contextlib.suppress(TimeoutError):  # past the wait: answered with the reason it waits so far
-        await asyncio.wait_for(decided.future, service.config.decision_wait_s)
-    current = await loop.run_in_executor(service.store_calls, store.get, accepted.id)
-    return service.job_out(current or accepted, queue=False)
-
-
-def _accept(
-    service: Service,
-    who: Principal,
-    spec: JobSpec,
-    body: JobIn,
-    mapping: dict[str, object],
-    request_hash: str,
-    idempotency_key: str | None,
-) -> JobRecord | JobOut:
-    """The store's part of a submission (a store thread): the new job, or the one the same key made
-    concurrently."""
-    try:
-        return service.store.add_job(
-            job_id=new_job_id(),
-            tenant=who.tenant,
-            name=spec.name,
-            spec=mapping,
-            request_hash=request_hash,
-            idempotency_key=idempotency_key,
-            max_retries=body.max_retries,
-            weight=body.weight,
-            predicted=None,
-        )
+    try:  # committed with the concurrent submissions' rows (group commit): durable once it returns
+        accepted = store.accepted(values, await store.accept_async(values))
     except IntegrityError:  # the same key posted concurrently: the first one won
-        existing = service.store.by_key(who.tenant, idempotency_key or "")
+        existing = await loop.run_in_executor(service.store_calls, store.by_key, who.tenant, idempotency_key or "")
         if existing is None:
             raise
         return _replay(service, existing, request_hash)
+    service.metrics.submitted.labels(who.tenant).inc()
+    seconds = service.config.decision_wait_s if wait is None else wait
+    if seconds <= 0:  # acknowledged once stored; no call that takes the scheduler's lock
+        service.orchestrator.submit(accepted, None, spec, searched=searched)
+        return job_out(accepted, None)
+    decided = Decided(loop)
+    service.orchestrator.submit(accepted, decided, spec, searched=searched)
+    with contextlib.suppress(TimeoutError):  # past the wait: answered with the reason it waits so far
+        await asyncio.wait_for(decided.future, seconds)
+    current = await loop.run_in_executor(service.store_calls, store.get, accepted.id)
+    return service.job_out(current or accepted, queue=False)
 
 
 def _replay(service: Service, existing: JobRecord, request_hash: str) -> JobOut:

@@ -8,9 +8,9 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Query
 
 from frenzy_opt.api.plansearch import MAX_TOP_PLANS, Throttled
-from frenzy_opt.api.schemas import JobIn, PlanOut, PlansOut
+from frenzy_opt.api.schemas import JobIn, MicroBatchOut, PlanOut, PlansOut
 from frenzy_opt.api.service import Svc, Who, parse_spec, unprocessable
-from frenzy_opt.planning.plans import NoFeasiblePlan
+from frenzy_opt.planning.plans import NoFeasiblePlan, micro_batch_summary
 
 Top = Annotated[int, Query(ge=1, le=MAX_TOP_PLANS)]
 
@@ -45,6 +45,7 @@ async def plans(body: JobIn, service: Svc, who: Who, top: Top = 10) -> PlansOut:
         cluster=service.config.cluster.name,
         num_plans=summary["num_plans"],
         min_gpus_per_type=summary["min_gpus_per_type"],
+        micro_batch=MicroBatchOut(**micro_batch_summary(spec)),
         plans=[
             PlanOut(**{**p, "est_runtime_s": None if p["step_time_s"] is None else p["step_time_s"] * steps})
             for p in summary["plans"][:top]

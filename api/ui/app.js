@@ -58,6 +58,12 @@ function duration(s) {
   return `${(s / 3600).toFixed(1)} h`;
 }
 
+// The service's one clock is cluster time; at a time scale other than 1 the wall time is shown beside it.
+function clusterDuration(s, scale) {
+  if (!scale || scale === 1) return duration(s);
+  return `${duration(s)} cluster time (~${duration(s / scale)} wall at ${scale}x)`;
+}
+
 function gpus(job) {
   const p = job.placement || {}, plan = job.plan || {};
   const type = plan.gpu_type, n = plan.num_gpus;
@@ -158,9 +164,9 @@ async function overview() {
   const queued = jobs.filter((j) => j.state === "queued")
     .sort((a, b) => (a.queue_position ?? 1e9) - (b.queue_position ?? 1e9));
   fill("queue", queued.map((j) => [
-    j.queue_position ?? "", jobLink(j), j.tenant, j.waiting_for || j.reason,
+    j.queue_position ?? "", jobLink(j), j.tenant, j.reason || j.waiting_for,
     j.estimated_start_in_s === null || j.estimated_start_in_s === undefined ? "unknown"
-      : `in ${duration(j.estimated_start_in_s)}`,
+      : `in ${clusterDuration(j.estimated_start_in_s, j.time_scale)}`,
   ]));
   const running = jobs.filter((j) => j.state === "running" || j.state === "scheduled");
   fill("running", running.map((j) => {
@@ -181,7 +187,10 @@ async function jobPage(id) {
   const job = await api(`/v1/jobs/${encodeURIComponent(id)}`);
   $("job-title").textContent = `${job.name} (${job.id})`;
   $("job-summary").textContent = `${job.state}; tenant ${job.tenant}; ${job.attempts} attempts `
-    + `(failures ${job.failures} of ${job.max_retries} retries, moves ${job.moves}); ${job.reason || ""}`;
+    + `(failures ${job.failures} of ${job.max_retries} retries, moves ${job.moves}); ${job.reason || ""}`
+    + (job.deadline_missed_by_s != null
+      ? `; deadline missed by ${clusterDuration(job.deadline_missed_by_s, job.time_scale)}`
+      : job.deadline_risk ? "; deadline at risk" : "");
   $("job-summary").dataset.state = job.state;
   const plan = job.plan || {};
   fill("job-plan", Object.entries({ gpu_type: plan.gpu_type, num_gpus: plan.num_gpus, ...(plan.parallel || {}) })

@@ -23,16 +23,11 @@ class Runtime(StrEnum):
     def zero_stages(self) -> tuple[int, ...]:
         """ZeRO stages this runtime implements: Megatron-core's distributed optimizer (1) and Megatron FSDP's
         ``optim_grads`` (2) and ``optim_grads_params`` (3); DeepSpeed ZeRO 1-3; FSDP2 ``fully_shard`` with
-        ``reshard_after_forward`` False (2) or True (3); Hugging Face Trainer on DDP (0)."""
-        return _ZERO_STAGES[self]
+        ``reshard_after_forward`` False (2) or True (3); Hugging Face Trainer on DDP (0). The row of
+        :data:`frenzy_opt.core.runtimes.CAPABILITIES`, the one table of what each runtime runs."""
+        from frenzy_opt.core.runtimes import CAPABILITIES  # the table imports this module
 
-
-_ZERO_STAGES = {
-    Runtime.MEGATRON: (0, 1, 2, 3),
-    Runtime.DEEPSPEED: (0, 1, 2, 3),
-    Runtime.FSDP2: (2, 3),
-    Runtime.HF: (0,),
-}
+        return CAPABILITIES[self].zero_stages
 
 
 class Recompute(StrEnum):

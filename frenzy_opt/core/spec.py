@@ -16,8 +16,10 @@ from typing import Any
 import yaml
 
 from frenzy_opt.core.enums import Precision, Recompute, Runtime
+from frenzy_opt.core.runtimes import default_sequence_parallel, runtime_refusal
 from frenzy_opt.models.arch import ModelArch
 from frenzy_opt.models.catalog import parse_model
+from frenzy_opt.models.keys import unknown_keys_message
 from frenzy_opt.yamlload import load_yaml
 
 PRECISIONS = tuple(member.value for member in Precision)
@@ -37,8 +39,12 @@ class TrainingConfig:
     """Tokens per sequence."""
     micro_batch_size: int = 1
     """Sequences per forward and backward pass on each data-parallel rank; the global batch must be a
-    multiple of it. The planner also tries the other sizes of :data:`frenzy_opt.planning.plans.MICRO_BATCH_CHOICES`
-    that divide the global batch, and each plan states the one it uses."""
+    multiple of it. Unless ``pin_micro_batch`` is true the planner also tries the other sizes of
+    :data:`frenzy_opt.planning.plans.MICRO_BATCH_CHOICES` that divide the global batch, and each plan states
+    the one it uses."""
+    pin_micro_batch: bool = False
+    """Keep ``micro_batch_size`` in every plan (a data loader or a convergence recipe fixes it); false: the
+    planner searches it. ``frenzy plan`` says which."""
     global_batch_size: int = 512
     """Sequences per optimizer step, over all data-parallel ranks and micro-batches."""
     train_steps: int = 1000
@@ -80,12 +86,14 @@ class TrainingConfig:
         object.__setattr__(self, "runtime", Runtime(self.runtime))
         if self.loss_chunks is not None:
             _check_positive_int("training.loss_chunks", self.loss_chunks)
-            if self.loss_chunks > 1 and self.runtime != "fsdp2":
+            if self.loss_chunks > 1 and self.runtime != Runtime.FSDP2:
                 raise ValueError(
                     f"training.loss_chunks > 1 is torchtitan's chunked loss (runtime fsdp2); training.runtime "
                     f"is {self.runtime}, which computes the loss on the full logits (use 1 or null)"
                 )
         check_headroom("training.memory_headroom", self.memory_headroom)
+        if not isinstance(self.pin_micro_batch, bool):
+            raise ValueError(f"training.pin_micro_batch must be true or false, got {self.pin_micro_batch!r}")
         if not isinstance(self.tp_comm_overlap, bool):
             raise ValueError(f"training.tp_comm_overlap must be true or false, got {self.tp_comm_overlap!r}")
         if self.fp8_param_gather is not None and not isinstance(self.fp8_param_gather, bool):
@@ -134,7 +142,7 @@ class ParallelConfig:
     first_stage_layers: int | None = None
     """Megatron-core only: transformer layers on the first pipeline stage (``--decoder-first-pipeline-num-
     layers``); the stages without a fixed count share the rest evenly. None: the runtime's own split
-    (:func:`frenzy_opt.prediction.marp.stages.chunk_layer_counts`)."""
+    (:func:`frenzy_opt.core.partition.chunk_layer_counts`)."""
     last_stage_layers: int | None = None
     """Megatron-core only: transformer layers on the last pipeline stage (``--decoder-last-pipeline-num-
     layers``)."""
@@ -227,7 +235,8 @@ class JobSpec:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     """Parallel fields the user fixes; the planner searches those left out."""
     pinned: frozenset[str] = frozenset()
-    """The parallel fields the spec gave (not a file field: derived from the ``parallel`` section)."""
+    """The parallel fields the spec gave, and ``micro_batch_size`` when ``training.pin_micro_batch`` is true
+    (not a file field: derived from the ``parallel`` section and that flag)."""
     scheduling: SchedulingConfig = field(default_factory=SchedulingConfig)
     """How the scheduler treats the job: priority class, GPU cap, deadline."""
 
@@ -236,10 +245,11 @@ class JobSpec:
         data: dict[str, Any] = {
             "name": self.name,
             "model": {k: v for k, v in self.model.to_dict().items() if v is not None},
-            "training": plain(asdict(self.training)),
+            "training": plain(asdict(self.training)) | {"pin_micro_batch": "micro_batch_size" in self.pinned},
         }
-        if self.pinned:
-            data["parallel"] = {k: getattr(self.parallel, k) for k in sorted(self.pinned)}
+        pinned = {k: getattr(self.parallel, k) for k in sorted(self.pinned) if k in PARALLEL_FIELDS}
+        if pinned:
+            data["parallel"] = pinned
         if self.scheduling != SchedulingConfig():
             data["scheduling"] = {k: v for k, v in asdict(self.scheduling).items() if v is not None}
         return data
@@ -279,7 +289,7 @@ def check_parallel(model: ModelArch, training: TrainingConfig, parallel: Paralle
             f"parallel.pp x parallel.vpp ({parallel.pp * parallel.vpp}) must be <= model.num_layers ({arch.num_layers})"
         )
     if parallel.first_stage_layers is not None or parallel.last_stage_layers is not None:
-        if training.runtime != "megatron":
+        if training.runtime != Runtime.MEGATRON:
             raise ValueError(
                 "parallel.first_stage_layers / last_stage_layers are Megatron-core's uneven pipeline split; "
                 f"training.runtime is {training.runtime}"
@@ -297,6 +307,19 @@ def check_parallel(model: ModelArch, training: TrainingConfig, parallel: Paralle
             f"to be a multiple of parallel.pp ({parallel.pp})"
         )
     check_zero_stage(training, parallel)
+    check_runtime(training, parallel)
+
+
+def check_runtime(training: TrainingConfig, parallel: ParallelConfig) -> None:
+    """``ValueError`` naming the field and the runtime for a layout outside the runtime's row of
+    :data:`frenzy_opt.core.runtimes.CAPABILITIES`."""
+    p = parallel
+    reason = runtime_refusal(
+        training.runtime, tp=p.tp, pp=p.pp, vpp=p.vpp, cp=p.cp, ep=p.ep, sequence_parallel=p.sequence_parallel,
+        zero_stage=p.zero_stage, recompute=p.recompute, precision=training.precision,
+    )  # fmt: skip
+    if reason is not None:
+        raise ValueError(reason)
 
 
 def check_end_stages(num_layers: int, parallel: ParallelConfig) -> None:
@@ -332,9 +355,9 @@ def check_zero_stage(training: TrainingConfig, parallel: ParallelConfig) -> None
 def default_zero_stage(runtime: str, dp: int) -> int:
     """The ZeRO stage a runtime uses unless told otherwise: FSDP2 fully shards (3); Megatron's
     distributed optimizer and DeepSpeed's stage 1 shard optimizer states when data parallel; HF DDP none."""
-    if runtime == "fsdp2":
+    if runtime == Runtime.FSDP2:
         return 3
-    if runtime == "hf":
+    if runtime == Runtime.HF:
         return 0
     return 1 if dp > 1 else 0
 
@@ -369,7 +392,7 @@ def _section(data: dict[str, Any], key: str, cls: type) -> dict[str, Any]:
     allowed = {f.name for f in fields(cls)}
     unknown = sorted(set(section) - allowed)
     if unknown:
-        raise ValueError(f"{key}: unknown field(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
+        raise ValueError(unknown_keys_message(key, unknown, allowed))
     return {k: v.lower() if isinstance(v, str) else v for k, v in section.items()}
 
 
@@ -380,14 +403,17 @@ def parse_job(data: dict[str, Any]) -> JobSpec:
     allowed_top = {"name", "model", "training", "parallel", "scheduling", "id", "arrival_s", "weight"}
     unknown = sorted(set(data) - allowed_top)
     if unknown:
-        raise ValueError(f"job spec: unknown field(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed_top))}")
+        raise ValueError(unknown_keys_message("job spec", unknown, allowed_top))
     if "model" not in data:
         raise ValueError("model is required: a catalogue name or an inline architecture mapping")
     model = parse_model(data["model"])
     training = TrainingConfig(**_section(data, "training", TrainingConfig))
     parallel_raw = _section(data, "parallel", ParallelConfig)
-    dp = parallel_raw.get("dp", 1)
-    defaults = {"zero_stage": default_zero_stage(training.runtime, dp if isinstance(dp, int) else 1)}
+    dp, tp = parallel_raw.get("dp", 1), parallel_raw.get("tp", 1)
+    defaults = {
+        "zero_stage": default_zero_stage(training.runtime, dp if isinstance(dp, int) else 1),
+        "sequence_parallel": default_sequence_parallel(training.runtime, tp if isinstance(tp, int) else 1),
+    }
     parallel = ParallelConfig(**{**defaults, **parallel_raw})
     check_parallel(model, training, parallel)
     name = str(data.get("name") or f"{model.name}-job")
@@ -397,7 +423,7 @@ def parse_job(data: dict[str, Any]) -> JobSpec:
         model=model,
         training=training,
         parallel=parallel,
-        pinned=frozenset(parallel_raw),
+        pinned=frozenset(parallel_raw) | ({"micro_batch_size"} if training.pin_micro_batch else set()),
         scheduling=scheduling,
     )
 
@@ -419,7 +445,14 @@ def load_mapping(path: str | Path) -> dict[str, Any]:
 
 
 def load_job(path: str | Path) -> JobSpec:
-    return parse_job(load_mapping(path))
+    """The job spec of a file; a relative ``model:`` path (a Hugging Face config.json) is read beside the file
+    when it is there, else from the working directory."""
+    data = load_mapping(path)
+    model = data.get("model")
+    beside = isinstance(model, str) and (model.endswith(".json") or "/" in model) and not Path(model).is_absolute()
+    if beside and (Path(path).parent / str(model)).exists():
+        data["model"] = str(Path(path).parent / str(model))
+    return parse_job(data)
 
 
 def plan_layout(data: dict[str, Any]) -> tuple[ParallelConfig, int]:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from frenzy_opt.core.spec import load_mapping
-from frenzy_opt.hardware.gpus import GpuType, lookup_gpu
+from frenzy_opt.hardware.gpus import GpuType, resolve_gpu
 
 INTRA_NODE_KINDS = ("nvlink", "pcie")
 
@@ -207,7 +207,7 @@ def parse_cluster(data: dict[str, Any]) -> ClusterSpec:
         if unknown:
             raise ValueError(f"{where}: unknown field(s) {', '.join(unknown)}; allowed: {', '.join(sorted(allowed))}")
         try:
-            gpu = lookup_gpu(raw["gpu"])
+            gpu = resolve_gpu(raw["gpu"])
         except ValueError as err:
             raise ValueError(f"{where}.{err}") from None
         intra = str(raw.get("intra_node", gpu.intra_node)).lower()

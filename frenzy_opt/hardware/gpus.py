@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 from importlib import resources
 from typing import Any
 
+from frenzy_opt.core.enums import Precision
 from frenzy_opt.yamlload import load_yaml
 
 
@@ -68,9 +69,9 @@ class GpuType:
 
     def supports(self, precision: str) -> bool:
         """Whether the GPU has tensor cores for ``precision`` (fp32 and fp16 run everywhere)."""
-        if precision == "bf16":
+        if precision == Precision.BF16:
             return self.bf16_tflops is not None
-        if precision == "fp8":
+        if precision == Precision.FP8:
             return self.fp8_tflops is not None
         return True
 
@@ -115,34 +116,37 @@ def _index() -> dict[str, str]:
 
 
 def lookup_gpu(name: str) -> GpuType:
-    """A GPU type by name or alias (case-insensitive); ``ValueError`` lists the valid names."""
-    key = _index().get(str(name).strip().lower())
-    if key is None:
-        raise ValueError(f"gpu: unknown GPU type {name!r}; allowed: {', '.join(load_gpus())}")
-    return load_gpus()[key]
+    """A GPU type by name (:func:`resolve_gpu`, the one resolver of the CLI, cluster files, scenarios and the
+    data files alike)."""
+    return resolve_gpu(name)
 
 
 def _tokens(name: str) -> frozenset[str]:
     return frozenset(t for t in re.split(r"[\s_-]+", name.strip().lower()) if t)
 
 
-def resolve_gpu(name: str) -> GpuType:
-    """A GPU type a user named (the CLI's ``--gpu``): an exact catalogue name (case-insensitive) always
-    resolves; any other name must match exactly one type, where a type matches when one of its names (the
-    catalogue name or an alias) holds every word of ``name`` (words split at spaces, ``-`` and ``_``). So
-    ``a100`` — a word of four A100 parts — is an error listing them, while ``a100-sxm4-80g`` or ``rtx3090``
-    resolve. ``ValueError`` lists the matches, or every valid name when there are none. (Data files keep
-    :func:`lookup_gpu`, whose aliases pin the part their sources mean.)"""
+def gpu_candidates(name: str) -> list[GpuType]:
+    """The types ``name`` may mean: the one whose catalogue name or alias it is (case-insensitive), else every
+    type one of whose names holds every word of ``name`` (words split at spaces, ``-`` and ``_``)."""
     gpus = load_gpus()
-    exact = {gpu.lower(): gpu for gpu in gpus}.get(str(name).strip().lower())
+    exact = _index().get(str(name).strip().lower())
     if exact is not None:
-        return gpus[exact]
+        return [gpus[exact]]
     wanted = _tokens(str(name))
-    matches = [gpu for gpu in gpus.values() if wanted and any(wanted <= _tokens(n) for n in (gpu.name, *gpu.aliases))]
+    return [gpu for gpu in gpus.values() if wanted and any(wanted <= _tokens(n) for n in (gpu.name, *gpu.aliases))]
+
+
+def resolve_gpu(name: str, field: str = "gpu") -> GpuType:
+    """The GPU type a user or a file named. The rule: a catalogue name or alias (case-insensitive) always
+    resolves; any other name must match exactly one type by its words (:func:`gpu_candidates`). A family
+    name that several parts share (``v100``, ``a100``, ``h100``: memory sizes and form factors that plan
+    differently) is no alias, so it is an error listing the parts, on the CLI and in files alike; so is an
+    unknown name, listing every type. ``field`` names where the name came from in the message."""
+    matches = gpu_candidates(name)
     if len(matches) == 1:
         return matches[0]
     if matches:
         raise ValueError(
-            f"gpu: {name!r} is ambiguous; it matches {', '.join(g.name for g in matches)} (give one of these names)"
+            f"{field}: {name!r} is ambiguous; it matches {', '.join(g.name for g in matches)} (give one of these names)"
         )
-    raise ValueError(f"gpu: unknown GPU type {name!r}; allowed: {', '.join(gpus)}")
+    raise ValueError(f"{field}: unknown GPU type {name!r}; allowed: {', '.join(load_gpus())}")

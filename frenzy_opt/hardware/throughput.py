@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
+from frenzy_opt.core.enums import Precision
 from frenzy_opt.hardware.gpus import GpuType, load_gpus
 from frenzy_opt.yamlload import load_yaml
 
@@ -51,7 +52,7 @@ class Achievable:
     def matmul(self, precision: str) -> float:
         """Dense matmul TFLOP/s for ``precision`` (fp32 trains on tf32 tensor cores where they exist; a format
         without tensor cores runs at fp16's rate, as :func:`frenzy_opt.prediction.steptime.peak_tflops`)."""
-        if precision == "fp32" and "tf32" in self.matmul_tflops:
+        if precision == Precision.FP32 and "tf32" in self.matmul_tflops:
             return self.matmul_tflops["tf32"]
         if precision in self.matmul_tflops:
             return self.matmul_tflops[precision]

@@ -16,7 +16,7 @@ A *placement file* (JSON or YAML) names the job spec, the plan and the placement
   discovery sets), ``nvidia.com/gpu`` limits, the spec and plan in a ConfigMap, and torchrun rendezvous on
   the JobSet's headless service (pod 0).
 
-Both run the same worker (``python -m frenzy_opt.launch.train``) the local executor runs.
+Both run the same worker (``python -m frenzy_opt.launch.worker.train``) the local executor runs.
 
 ``frenzy plan JOB --cluster C --export slurm|k8s`` exports the placement the service's decision gives the
 job alone (:func:`frenzy_opt.service.launcher.decided_placement`).
@@ -115,7 +115,7 @@ def to_slurm(
         + shlex.join([python, "-m", "torch.distributed.run"])
         + f' --nnodes="$SLURM_NNODES" --node-rank="$SLURM_NODEID" --nproc-per-node={per_node}'
         + ' --rdzv-backend=c10d --rdzv-endpoint="$HEAD_NODE:$FRENZY_RDZV_PORT" --rdzv-id="$SLURM_JOB_ID"'
-        + " -m frenzy_opt.launch.train --job job.json --plan plan.json --checkpoint-dir checkpoints"
+        + " -m frenzy_opt.launch.worker.train --job job.json --plan plan.json --checkpoint-dir checkpoints"
         + f" --report report.jsonl{steps_arg}"
         + (f" {worker_args}" if worker_args else ""),
     ]
@@ -152,7 +152,7 @@ def to_k8s(placement: dict[str, Any], *, steps: int | None = None, image: str = 
         f"python -m torch.distributed.run --nnodes={nodes} --node-rank=$(JOB_COMPLETION_INDEX)"
         f" --nproc-per-node={per_node} --rdzv-backend=c10d"
         f" --rdzv-endpoint={name}-workers-0-0.{name}:29500 --rdzv-id={name}"
-        " -m frenzy_opt.launch.train --job /etc/frenzy/job.json --plan /etc/frenzy/plan.json"
+        " -m frenzy_opt.launch.worker.train --job /etc/frenzy/job.json --plan /etc/frenzy/plan.json"
         " --checkpoint-dir /checkpoints --report /checkpoints/report.jsonl" + (f" --steps {steps}" if steps else "")
     )
     config_map = {

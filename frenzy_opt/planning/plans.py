@@ -27,6 +27,8 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from frenzy_opt.core.enums import Precision, Recompute
+from frenzy_opt.core.partition import chunk_layer_counts, split_rule
+from frenzy_opt.core.runtimes import capabilities
 from frenzy_opt.core.spec import (
     PARALLEL_FIELDS,
     SPLIT_FIELDS,
@@ -61,7 +63,7 @@ from frenzy_opt.prediction.marp.predictor import (
     stage_bound,
     stage_model_of,
 )
-from frenzy_opt.prediction.marp.stages import chunk_layer_counts, in_flight_layer_microbatches, split_rule
+from frenzy_opt.prediction.marp.stages import in_flight_layer_microbatches
 from frenzy_opt.prediction.steptime import (
     FLASH_ARCHITECTURES,
     StepTimeModel,
@@ -246,9 +248,9 @@ def describe_layout(parallel: ParallelConfig, micro_batch_size: int) -> str:
 
 def effective_precision(gpu: GpuType, precision: str) -> str:
     """The format the job runs at on ``gpu`` (see module docstring)."""
-    if precision == "fp8" and not gpu.supports("fp8"):
+    if precision == Precision.FP8 and not gpu.supports("fp8"):
         precision = "bf16"
-    if precision == "bf16" and not gpu.supports("bf16"):
+    if precision == Precision.BF16 and not gpu.supports("bf16"):
         precision = "fp16"
     return precision
 
@@ -270,21 +272,23 @@ def _tp_choices(job: JobSpec, gpus_per_node: int) -> list[int]:
         for tp in _divisors(gpus_per_node)
         if arch.num_attention_heads % tp == 0 and arch.num_kv_heads % tp == 0 and ffn % tp == 0
     ]
-    return _choices(job, "tp", valid)
+    return _choices(job, "tp", valid if capabilities(job.training.runtime).tp else [1])
 
 
 def _shape_choices(job: JobSpec) -> Iterator[tuple[int, int, int]]:
-    """(pp, vpp, cp) candidates."""
+    """(pp, vpp, cp) candidates, within what the job's runtime runs (:mod:`frenzy_opt.core.runtimes`)."""
     layers, seq = job.model.num_layers, job.training.seq_len
-    pps = _choices(job, "pp", _divisors(layers))
-    cps = _choices(job, "cp", [cp for cp in (1, 2, 4, 8) if cp == 1 or (seq % (2 * cp) == 0 and seq // cp >= 4096)])
+    caps = capabilities(job.training.runtime)
+    pps = _choices(job, "pp", _divisors(layers) if caps.pp else [1])
+    cp_ok = [cp for cp in (1, 2, 4, 8) if cp == 1 or (seq % (2 * cp) == 0 and seq // cp >= 4096)]
+    cps = _choices(job, "cp", cp_ok if caps.cp else [1])
     for pp, cp in itertools.product(pps, cps):
-        vpps = [1] + ([2] if pp > 1 and (layers // pp) % 2 == 0 and layers % pp == 0 else [])
+        vpps = [1] + ([2] if caps.vpp and pp > 1 and (layers // pp) % 2 == 0 and layers % pp == 0 else [])
         for vpp in _choices(job, "vpp", vpps):
             yield pp, vpp, cp
 
 
-def _zero_choices(job: JobSpec, dp: int, cp: int = 1) -> list[int]:
+def _zero_choices(job: JobSpec, dp: int, cp: int = 1, *, tp: int = 1, pp: int = 1) -> list[int]:
     runtime = job.training.runtime
     default = {
         # Megatron's distributed optimizer shards over the data-parallel group with context parallelism.
@@ -293,7 +297,9 @@ def _zero_choices(job: JobSpec, dp: int, cp: int = 1) -> list[int]:
         "fsdp2": [3, 2],
         "hf": [0],
     }[runtime]
-    return _choices(job, "zero_stage", default)
+    offered = capabilities(runtime).zero_choices(tp=tp, pp=pp)
+    # A pinned stage the runtime does not combine with this shape's tp or pp leaves the shape no plan.
+    return [stage for stage in _choices(job, "zero_stage", default) if stage in offered]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -313,16 +319,36 @@ class _Shape:
         return self.tp * self.pp * self.cp
 
 
+def micro_batch_choices(job: JobSpec) -> list[int]:
+    """The micro-batch sizes the planner tries: the spec's alone when it pins it (``training.pin_micro_batch``),
+    else every size of :data:`MICRO_BATCH_CHOICES` that divides the global batch."""
+    t = job.training
+    if "micro_batch_size" in job.pinned:
+        return [t.micro_batch_size]
+    return [m for m in MICRO_BATCH_CHOICES if t.global_batch_size % m == 0]
+
+
+def micro_batch_summary(job: JobSpec) -> dict[str, Any]:
+    """What ``frenzy plan`` and ``POST /v1/plans`` say about the micro-batch: ``pinned`` (the spec's size kept)
+    and ``searched`` (the sizes tried)."""
+    return {"pinned": "micro_batch_size" in job.pinned, "searched": micro_batch_choices(job)}
+
+
 def _shapes(job: JobSpec, gpus_per_node: int, max_gpus: int) -> Iterator[_Shape]:
     t = job.training
-    gbs = t.global_batch_size
-    mbs = [t.micro_batch_size] if "micro_batch_size" in job.pinned else [m for m in MICRO_BATCH_CHOICES if gbs % m == 0]
+    mbs = micro_batch_choices(job)
+    caps = capabilities(t.runtime)
+    recomputes = [mode for mode in RECOMPUTE_ORDER if mode in caps.recompute]
     for tp in _tp_choices(job, gpus_per_node):
-        sp = job.parallel.sequence_parallel if "sequence_parallel" in job.pinned else tp > 1
+        sp = (
+            job.parallel.sequence_parallel
+            if "sequence_parallel" in job.pinned
+            else (tp > 1 and caps.sequence_parallel != "never")
+        )
         for pp, vpp, cp in _shape_choices(job):
             if tp * pp * cp > max_gpus:
                 continue
-            for mb, recompute in itertools.product(mbs, _choices(job, "recompute", list(RECOMPUTE_ORDER))):
+            for mb, recompute in itertools.product(mbs, _choices(job, "recompute", recomputes)):
                 yield _Shape(
                     tp=tp,
                     pp=pp,
@@ -351,7 +377,10 @@ def _dp_choices(job: JobSpec, shape: _Shape, max_gpus: int) -> list[int]:
 def _configs_at(job: JobSpec, shape: _Shape, dp: int) -> Iterator[ParallelConfig]:
     arch = job.model
     eps = [ep for ep in _divisors(arch.num_experts) if dp % ep == 0] if arch.is_moe else [1]
-    for ep, zero in itertools.product(_choices(job, "ep", eps), _zero_choices(job, dp, shape.cp)):
+    if not capabilities(job.training.runtime).ep:
+        eps = [1]
+    zeros = _zero_choices(job, dp, shape.cp, tp=shape.tp, pp=shape.pp)
+    for ep, zero in itertools.product(_choices(job, "ep", eps), zeros):
         if dp % ep:
             continue
         yield ParallelConfig(
@@ -779,7 +808,8 @@ def dominated(job: JobSpec, parallel: ParallelConfig) -> list[ParallelConfig]:
     closest first: sequence parallelism off, the distributed optimizer off (ZeRO 0), both. Pinned fields
     stay as pinned."""
     flips: list[dict[str, Any]] = []
-    if parallel.sequence_parallel and parallel.tp > 1 and "sequence_parallel" not in job.pinned:
+    sp_optional = capabilities(job.training.runtime).sequence_parallel == "optional"
+    if parallel.sequence_parallel and parallel.tp > 1 and "sequence_parallel" not in job.pinned and sp_optional:
         flips.append({"sequence_parallel": False})
     zero_allowed = 0 in ZERO_STAGES_BY_RUNTIME[job.training.runtime]
     if parallel.zero_stage == 1 and parallel.dp > 1 and "zero_stage" not in job.pinned and zero_allowed:

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from frenzy_opt.core.enums import Precision
 from frenzy_opt.core.spec import JobSpec
 from frenzy_opt.hardware.cluster import Storage
 from frenzy_opt.prediction.marp.layout import DTYPE_BYTES, optimizer_state_bytes
@@ -43,8 +44,8 @@ def checkpoint_bytes(spec: JobSpec) -> float:
     """Bytes of a full training checkpoint of ``spec`` (module docstring)."""
     t = spec.training
     precision = str(t.precision)
-    weights = DTYPE_BYTES["bf16" if precision == "fp8" else precision]
-    master = 0.0 if precision == "fp32" else 4.0
+    weights = DTYPE_BYTES["bf16" if precision == Precision.FP8 else precision]
+    master = 0.0 if precision == Precision.FP32 else 4.0
     return spec.model.num_params * (weights + master + optimizer_state_bytes(t.optimizer))
 
 

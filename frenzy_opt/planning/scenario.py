@@ -18,6 +18,7 @@ from typing import Any
 
 from frenzy_opt.core.spec import JobSpec, load_mapping, parse_job
 from frenzy_opt.hardware.cluster import ClusterSpec, parse_cluster
+from frenzy_opt.hardware.gpus import resolve_gpu
 from frenzy_opt.planning.workload import WorkloadSpec, parse_workload
 
 DEFAULT_SCENARIO = "default"
@@ -91,7 +92,7 @@ def _request(i: int, raw: object, cluster: ClusterSpec) -> Request:
     if not isinstance(raw, dict) or set(raw) != {"gpu_type", "num_gpus"}:
         raise ValueError(f"jobs[{i}].request must be a mapping with exactly gpu_type and num_gpus")
     types = [g.name for g in cluster.gpu_types()]
-    gpu = raw["gpu_type"]
+    gpu = resolve_gpu(str(raw["gpu_type"]), f"jobs[{i}].request.gpu_type").name
     if gpu not in types:
         raise ValueError(
             f"jobs[{i}].request.gpu_type: {raw['gpu_type']!r} is not in the cluster; allowed: {', '.join(types)}"

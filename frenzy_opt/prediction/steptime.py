@@ -83,6 +83,7 @@ from dataclasses import dataclass, field, fields, replace
 from importlib import resources
 from typing import Any
 
+from frenzy_opt.core.enums import Precision, Recompute, Runtime
 from frenzy_opt.core.spec import JobSpec, ParallelConfig, TrainingConfig
 from frenzy_opt.hardware.gpus import GpuType
 from frenzy_opt.hardware.throughput import achievable
@@ -415,11 +416,11 @@ def cv_log_residuals() -> tuple[float, ...]:
 
 def peak_tflops(gpu: GpuType, precision: str) -> float:
     """Dense peak of ``gpu`` for ``precision`` (fp32 trains on TF32 tensor cores where they exist)."""
-    if precision == "bf16":
+    if precision == Precision.BF16:
         value = gpu.bf16_tflops
-    elif precision == "fp8":
+    elif precision == Precision.FP8:
         value = gpu.fp8_tflops
-    elif precision == "fp32":
+    elif precision == Precision.FP32:
         value = gpu.tf32_tflops or gpu.fp32_tflops
     else:
         value = gpu.fp16_tflops
@@ -450,9 +451,9 @@ def step_flops(arch: ModelArch, training: TrainingConfig, parallel: ParallelConf
     """Model FLOPs of one step: forward + 2x backward (+ recomputed forward or attention core)."""
     per_token, attention = forward_flops_per_token(arch, training.seq_len)
     factor = 3.0 * per_token
-    if parallel.recompute == "full":
+    if parallel.recompute == Recompute.FULL:
         factor += per_token
-    elif parallel.recompute == "selective":
+    elif parallel.recompute == Recompute.SELECTIVE:
         factor += attention
     return factor * training.global_batch_size * training.seq_len
 
@@ -573,9 +574,9 @@ def gpu_rates(
     measured throughput)."""
     rates = achievable(gpu)
     efficiency = model.efficiency_of(gpu, precision) * model.per_runtime("gemm_efficiency", runtime)
-    sixteen_format = ("bf16" if gpu.bf16_tflops else "fp16") if precision == "fp8" else precision
+    sixteen_format = ("bf16" if gpu.bf16_tflops else "fp16") if precision == Precision.FP8 else precision
     sixteen_tflops = rates.matmul(sixteen_format) * efficiency
-    fp8 = bool(precision == "fp8" and gpu.fp8_tflops)
+    fp8 = bool(precision == Precision.FP8 and gpu.fp8_tflops)
     linear_tflops = rates.matmul("fp8") * efficiency * model.fp8_efficiency if fp8 else sixteen_tflops
     flash = gpu.architecture in FLASH_ARCHITECTURES and not eager
     flash_rate = 0.0
@@ -588,7 +589,7 @@ def gpu_rates(
         linear_tflops=linear_tflops,
         fp8=fp8,
         hbm_gbyte_s=rates.hbm_gbyte_s,
-        out_bytes=4.0 if precision == "fp32" else 2.0,
+        out_bytes=4.0 if precision == Precision.FP32 else 2.0,
         flash=flash,
         flash_rate=flash_rate,
         elementwise_passes3=3 * model.per_runtime("elementwise_passes", runtime),
@@ -663,7 +664,7 @@ def evaluate_terms(
     slots = t.microbatches + (t.pp - 1) / t.vpp
     dp_step = collective_s(links, t.dp_allreduce_bytes, t.dp_group, t.dp_stride, eff)
     dp_mb = collective_s(links, t.dp_microbatch_bytes, t.dp_group, t.dp_stride, eff)
-    mode = OVERLAP.get(t.runtime, "last_microbatch") if t.pp == 1 or t.runtime != "deepspeed" else "none"
+    mode = OVERLAP.get(t.runtime, "last_microbatch") if t.pp == 1 or t.runtime != Runtime.DEEPSPEED else "none"
     if mode == "every_microbatch":
         exposed = t.microbatches * max(0.0, dp_mb - per_microbatch) + max(0.0, dp_step - per_microbatch)
     elif mode == "last_microbatch":
@@ -760,12 +761,12 @@ def cached_step_terms(arch: ModelArch, t: TrainingConfig, p: ParallelConfig) -> 
 def step_terms_of(arch: ModelArch, t: TrainingConfig, p: ParallelConfig) -> StepTerms:
     """:func:`step_terms` from the parts of a job spec."""
     microbatches = t.num_micro_batches(p.dp)
-    act = DTYPE_BYTES["bf16" if t.precision == "fp8" else t.precision]
+    act = DTYPE_BYTES["bf16" if t.precision == Precision.FP8 else t.precision]
     seq = t.seq_len
     tokens = t.micro_batch_size * math.ceil(seq / p.cp)
     h, tp = arch.hidden_size, p.tp
     layers = arch.num_layers / p.pp
-    recompute = 4 / 3 if p.recompute == "full" else 1.0
+    recompute = 4 / 3 if p.recompute == Recompute.FULL else 1.0
     weights, widths = _layer_linear_dims(arch, tp)
     # Matmul FLOPs: 2 per multiply-add, forward + 2x backward (+ the recomputed forward).
     linear = 6 * tokens * weights * layers * recompute
@@ -773,7 +774,7 @@ def step_terms_of(arch: ModelArch, t: TrainingConfig, p: ParallelConfig) -> Step
     core = 4.0 * tokens * seq * heads * arch.kv_channels  # QK^T and attention x V, one forward
     core_passes = 3 + (1 if p.recompute in ("full", "selective") else 0)
     # FlashAttention: causal masking skips half the blocks; backward 2.5x the forward (Dao 2023).
-    flash = core / 2 * (1 + 2.5 + (1 if p.recompute != "none" else 0)) * layers
+    flash = core / 2 * (1 + 2.5 + (1 if p.recompute != Recompute.NONE else 0)) * layers
     eager_flops = core * core_passes * layers
     # Eager attention: the b x a x s x s score matrix written by QK^T, read and written by mask, softmax and
     # dropout, read by attention x V (about 8 passes forward, twice that backward).
@@ -785,17 +786,17 @@ def step_terms_of(arch: ModelArch, t: TrainingConfig, p: ParallelConfig) -> Step
     ffn = (arch.expert_ffn_size * up * (arch.moe_top_k if arch.is_moe else 1)) / tp
     elementwise = act * tokens * (h / sp + ffn / 4) * layers * recompute
     casts = 0.0
-    if t.precision == "fp8":
+    if t.precision == Precision.FP8:
         # Each fp8 GEMM casts its input (forward), its weight and its output gradient (backward). Transformer
         # Engine (Megatron) fuses the input casts of the QKV and first MLP GEMMs into the preceding norm
         # (LayerNormLinear, LayerNormMLP) and casts the weights once per step, reusing them over the
         # micro-batches (TE docs, "is_first_microbatch"); torchao's float8 casts everything each time.
-        if t.runtime == "megatron":
+        if t.runtime == Runtime.MEGATRON:
             casts = FP8_CAST_BYTES * tokens * widths / 2 * layers * recompute
         else:
             casts = FP8_CAST_BYTES * (tokens * widths + weights) * layers * recompute
     block_bytes = act * tokens * h
-    collectives = 4 + (2 if p.recompute == "full" else 0)
+    collectives = 4 + (2 if p.recompute == Recompute.FULL else 0)
     tp_bytes = layers * collectives / 2 * block_bytes  # all-reduce equivalents (collective_s prices a ring)
     cp_bytes = 0.0
     if p.cp > 1:
@@ -808,8 +809,8 @@ def step_terms_of(arch: ModelArch, t: TrainingConfig, p: ParallelConfig) -> Step
     if p.pp > 1:
         pipeline = 2 * p.vpp * block_bytes / (tp if p.sequence_parallel else 1)
     params = arch.num_params / (tp * p.pp * (p.ep if arch.is_moe else 1))
-    grad = 4 if GRAD_REDUCE_FP32.get(t.runtime, False) or t.precision == "fp32" else act
-    fsdp = p.zero_stage >= 3 or t.runtime == "fsdp2"
+    grad = 4 if GRAD_REDUCE_FP32.get(t.runtime, False) or t.precision == Precision.FP32 else act
+    fsdp = p.zero_stage >= 3 or t.runtime == Runtime.FSDP2
     dp_step = dp_mb = 0.0
     if fsdp:
         # Two parameter all-gathers (forward, backward) and a gradient reduce-scatter per micro-batch:
@@ -819,10 +820,10 @@ def step_terms_of(arch: ModelArch, t: TrainingConfig, p: ParallelConfig) -> Step
         dp_step = (grad + act) / 2 * params  # reduce-scatter gradients, all-gather parameters
     else:
         dp_step = grad * params
-    sharded = p.zero_stage >= 1 or t.runtime == "fsdp2"
+    sharded = p.zero_stage >= 1 or t.runtime == Runtime.FSDP2
     flops = step_flops(arch, t, p)
     linears = _layer_linears(arch, tp, p.ep, tokens) + _router(arch, tokens)
-    linear_gemms = _gemms(linears, layers, 2.0 if p.recompute == "full" else 1.0)
+    linear_gemms = _gemms(linears, layers, 2.0 if p.recompute == Recompute.FULL else 1.0)
     output_gemms = _gemms([(tokens, h, math.ceil(arch.vocab_size / tp), 1.0)], 1.0, 1.0)
     return StepTerms(
         model_flops=flops,
@@ -830,7 +831,7 @@ def step_terms_of(arch: ModelArch, t: TrainingConfig, p: ParallelConfig) -> Step
         output_gemms=output_gemms,
         head_dim=arch.kv_channels,
         seq_len=seq,
-        operand_bytes=1.0 if t.precision == "fp8" else float(act),
+        operand_bytes=1.0 if t.precision == Precision.FP8 else float(act),
         flops_per_gpu=flops / p.num_gpus,
         precision=t.precision,
         runtime=t.runtime,
@@ -872,7 +873,7 @@ def step_terms_of(arch: ModelArch, t: TrainingConfig, p: ParallelConfig) -> Step
         shape=LayerShape.of(arch, seq, t.precision, p.attention) if p.cp == 1 and p.ep == 1 else None,
         micro_batch_size=t.micro_batch_size,
         stage_layers=layers,
-        recompute_full=p.recompute == "full",
+        recompute_full=p.recompute == Recompute.FULL,
         optimizer_share=1 / (p.dp * p.cp) if sharded else 1.0,
     )
 

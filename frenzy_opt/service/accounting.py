@@ -14,6 +14,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from frenzy_opt.core.enums import JobState
 from frenzy_opt.service.store import EventRecord, JobRecord
 
 _PLACED = re.compile(r"^(?P<n>\d+) x (?P<gpu>\S+) on ")
@@ -65,12 +66,12 @@ def held(record: JobRecord, events: Iterable[EventRecord]) -> list[Held]:
     placed: tuple[int, str] | None = None
     start: float | None = None
     for event in events:
-        if start is not None and event.state != "running":
+        if start is not None and event.state != JobState.RUNNING:
             stretches.append(_held(record, placed, start, event.at))
             start = None
-        if event.state == "scheduled":
+        if event.state == JobState.SCHEDULED:
             placed = placement_of(event.detail)
-        elif event.state == "running" and start is None and placed is not None:
+        elif event.state == JobState.RUNNING and start is None and placed is not None:
             start = event.at
     if start is not None:
         stretches.append(_held(record, placed, start, None))
@@ -83,8 +84,9 @@ def _held(record: JobRecord, placed: tuple[int, str] | None, start: float, end: 
     return Held(record.id, record.name, record.tenant, gpu_type, num_gpus, start, end)
 
 
-def usage(stretches: Iterable[Held], since: float, until: float) -> list[dict[str, Any]]:
-    """GPU-hours per (tenant, GPU type) inside ``[since, until]``, and how many jobs used them."""
+def usage(stretches: Iterable[Held], since: float, until: float, *, time_scale: float = 1.0) -> list[dict[str, Any]]:
+    """GPU-hours per (tenant, GPU type) inside the wall-clock window ``[since, until]``, in cluster time
+    (wall seconds x ``time_scale``), and how many jobs used them."""
     hours: dict[tuple[str, str], float] = {}
     jobs: dict[tuple[str, str], set[str]] = {}
     for h in stretches:
@@ -92,7 +94,7 @@ def usage(stretches: Iterable[Held], since: float, until: float) -> list[dict[st
         if seconds <= 0:
             continue
         key = (h.tenant, h.gpu_type)
-        hours[key] = hours.get(key, 0.0) + seconds * h.num_gpus / 3600
+        hours[key] = hours.get(key, 0.0) + seconds * time_scale * h.num_gpus / 3600
         jobs.setdefault(key, set()).add(h.job)
     return [
         {

@@ -5,7 +5,7 @@ It takes the service's own decision path: an :class:`frenzy_opt.service.orchestr
 throw-away job store, with the chosen executor, runs the greedy HAS on the empty cluster, so the plan and the
 placement are the ones ``frenzy serve`` with that executor would choose for the job alone (among the plans
 the executor can run, ``executor.supports``). With the local executor, a cluster none of whose plans this
-machine can run (a GPU type it lacks, :func:`frenzy_opt.launch.executors.local.device_problem`) is refused
+machine can run (a GPU type it lacks, :meth:`Executor.placement_problem`) is refused
 before anything starts: it never runs on the CPU in the GPU's name. The run is one attempt (no retry):
 ``state`` is ``succeeded`` or ``failed`` with the cause.
 
@@ -20,12 +20,13 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from frenzy_opt.core.enums import TERMINAL_STATES
+from frenzy_opt.core.enums import TERMINAL_STATES, JobState
 from frenzy_opt.core.spec import JobSpec
 from frenzy_opt.hardware.cluster import ClusterSpec
 from frenzy_opt.hardware.topology import Topology
 from frenzy_opt.launch.executors import make_executor
-from frenzy_opt.launch.executors.local import LocalExecutor, device_problem, plan_supported, worker_supports
+from frenzy_opt.launch.executors.common import plan_supported
+from frenzy_opt.launch.worker.support import worker_supports
 from frenzy_opt.planning.plans import DEFAULT_STEP_MODEL
 from frenzy_opt.planning.problem import OptionCache, SchedulingProblem, no_option_message, problem_job
 from frenzy_opt.prediction.steptime import StepTimeModel
@@ -86,11 +87,9 @@ def _check_runnable(spec: JobSpec, cluster: ClusterSpec, orchestrator: Orchestra
             f"job {spec.name}: no plan the {executor_name} executor can run fits cluster {cluster.name} "
             "(see `frenzy plan` for every memory-feasible plan)"
         )
-    executor = orchestrator.executor
-    if isinstance(executor, LocalExecutor):
-        problems = [device_problem(o.gpu_type, o.gpus_per_node, executor.cpu) for o in options]
-        if all(p is not None for p in problems):
-            raise ValueError(f"launch of job {spec.name} on cluster {cluster.name}: {problems[0]}")
+    problems = [orchestrator.executor.placement_problem(o.gpu_type, o.gpus_per_node) for o in options]
+    if all(p is not None for p in problems):
+        raise ValueError(f"launch of job {spec.name} on cluster {cluster.name}: {problems[0]}")
 
 
 def _wait(store: Store, job_id: str, timeout_s: float) -> JobRecord | None:
@@ -108,7 +107,7 @@ def _payload(spec: JobSpec, record: JobRecord, run_dir: Path) -> dict[str, Any]:
     plan = {k: v for k, v in (record.plan or {}).items() if k != "est_runtime_s"}
     placement = record.placement or {}
     predicted = record.predicted or {}
-    ok = record.state == "succeeded"
+    ok = record.state == JobState.SUCCEEDED
     return {
         "job": spec.to_mapping(),
         "state": "succeeded" if ok else "failed",
@@ -152,7 +151,7 @@ def decided_placement(
         plan = unfiltered[0].plan
         why = worker_supports(plan.parallel, spec.model, plan.num_micro_batches)
         raise ValueError(
-            f"job {spec.name}: nothing to export, the training worker (frenzy_opt.launch.train) runs none of "
+            f"job {spec.name}: nothing to export, the training worker (frenzy_opt.launch.worker.train) runs none of "
             f"its plans on {cluster.name}; it does not run {why}"
         )
     state = GreedyState(SchedulingProblem(topology=topology, jobs=()))

@@ -36,33 +36,37 @@ know) as failed with the reason. A store that breaks for good because another se
 ``/healthz`` says why.
 
 Cluster time is wall time since start x ``time_scale`` (the simulated executor's scale), so predicted
-durations and the scheduler's clock agree.
+durations and the scheduler's clock agree. The service speaks one clock, cluster time: every duration it
+answers (a queued job's estimated start, the reasons it gives, GPU-hours of usage) is in cluster seconds,
+and the answers carry ``time_scale`` so that a client can say what that is in wall time.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import os
 import queue
+import random
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from frenzy_opt.core.enums import JobState
-from frenzy_opt.core.protocols import Executor
+from frenzy_opt.core.readable import human_duration
 from frenzy_opt.core.spec import JobSpec, parse_job
 from frenzy_opt.hardware.cluster import ClusterSpec
 from frenzy_opt.hardware.topology import Topology
-from frenzy_opt.launch.executors import ExitInfo, Launch
+from frenzy_opt.launch.executors import Executor, ExitInfo, Launch
 from frenzy_opt.planning.plans import DEFAULT_STEP_MODEL
 from frenzy_opt.planning.problem import (
     Assignment,
     Option,
     OptionCache,
+    ProblemJob,
     SchedulingProblem,
     Searched,
     no_option_message,
@@ -72,6 +76,7 @@ from frenzy_opt.planning.restart import job_restart_s
 from frenzy_opt.prediction.calibrations import CalibrationStore
 from frenzy_opt.prediction.closedloop import Sample, recalibrate, sample_of
 from frenzy_opt.service.accounting import placement_detail
+from frenzy_opt.service.intake import Intake
 from frenzy_opt.service.store import JobRecord, Store, StoreFenced, describe_fault, is_store_fault
 from frenzy_opt.solvers.greedy import GreedyState
 
@@ -84,6 +89,14 @@ in https://aws.amazon.com/builders-library/timeouts-retries-and-backoff-with-jit
 # Periodic reviews run at most this often in wall seconds, whatever the time scale (a design choice: at an
 # hour of cluster time per second, a 60 s round would otherwise run 60 decisions a second on an idle queue).
 MIN_REVIEW_WALL_S = 1.0
+
+
+def cluster_duration(seconds: float, time_scale: float) -> str:
+    """A duration of cluster time as the service says it: plain at time scale 1, else named as cluster time
+    with its wall-time equivalent (``3.4 h of cluster time, 2 min wall at 120x``)."""
+    if time_scale == 1.0:
+        return human_duration(seconds)
+    return f"{human_duration(seconds)} of cluster time, {human_duration(seconds / time_scale)} wall at {time_scale:g}x"
 
 
 class Waiter(Protocol):
@@ -177,6 +190,13 @@ class Submitted:
 
 
 @dataclass(frozen=True, slots=True)
+class Accepted:
+    """Job rows other processes accepted, as the intake read them (:mod:`frenzy_opt.service.intake`)."""
+
+    records: tuple[JobRecord, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Exited:
     """An attempt ended (from the executor's thread)."""
 
@@ -209,7 +229,7 @@ class Broken:
     reason: str
 
 
-Event = Submitted | Exited | CancelRequested | Tick | Stop | Broken
+Event = Submitted | Accepted | Exited | CancelRequested | Tick | Stop | Broken
 
 
 ESTIMATED_JOBS = 500
@@ -233,10 +253,12 @@ class QueueInfo:
     position: int | None
     """1 for the job the next decision considers first."""
     estimated_start_in_s: float | None
-    """Wall seconds until the GPUs it waits for are expected free (the greedy's plan of its wait, from the
+    """Cluster seconds until the GPUs it waits for are expected free (the greedy's plan of its wait, from the
     predicted ends of what runs and waits ahead); None past :data:`ESTIMATED_JOBS` or when unknown."""
     waiting_for: str | None
     """The GPUs it waits for, e.g. ``16 x H100-SXM5-80GB``."""
+    deadline_risk: bool | None = None
+    """Whether the planned run ends after the job's deadline (None: no deadline, or no plan yet)."""
 
 
 @dataclass(slots=True)
@@ -298,12 +320,18 @@ class Orchestrator:
         preempt: bool | None = None,
         max_restarts: int = 20,
         review_every_s: float = 60.0,
+        intake: bool = False,
     ) -> None:
         self.store, self.cluster, self.executor = store, cluster, executor
         self.review_every_s = review_every_s
         """Preemptive, a decision (and review) also runs this often in cluster seconds while jobs run, so a
         job that became movable since the last event can grow (:mod:`frenzy_opt.solvers.waterfill`); 0: only
         on events."""
+        self.intake = Intake(store, self._accepted) if intake else None
+        """Whether jobs come as rows other processes wrote (``frenzy serve --workers N``,
+        :mod:`frenzy_opt.service.intake`) rather than by :meth:`submit`."""
+        self._recovered_new: set[str] = set()
+        """Jobs recovery read that the intake reads again (accepted while the service started)."""
         self.time_scale = time_scale
         self.topology = cache.topology if cache is not None else Topology(cluster)
         self._plan_filter = lambda plan, spec: executor.supports(plan, spec.model)
@@ -341,6 +369,9 @@ class Orchestrator:
         self.decisions = 0
         self.on_decision = on_decision
         self._decided: dict[str, Waiter] = {}
+        self._waiters = threading.Lock()
+        """Guards ``_decided``: a submission registers its waiter without the loop's lock (held for a whole
+        decision, which takes tens of milliseconds with thousands queued)."""
         self._wake: list[Waiter] = []
         self._fresh: set[str] = set()
         """Queued jobs no decision has considered yet."""
@@ -377,12 +408,17 @@ class Orchestrator:
         self._stopping.clear()  # an orchestrator stopped before may start again
         self.store.acquire_writer()
         self.store.on_broken.append(lambda reason: self._events.put(Broken(reason)))
-        self.recover()
+        mark = self.store.last_seq() if self.intake is not None else 0  # before recovery: nothing falls between
+        self.recover(after=None if self.intake is None else mark)
         self._thread = threading.Thread(target=self._loop, name="frenzy-orchestrator", daemon=True)
         self._thread.start()
         self._events.put(Tick())  # a first decision for what recovery queued
+        if self.intake is not None:
+            self.intake.start(mark)
 
     def stop(self, timeout: float = 10.0) -> None:
+        if self.intake is not None:
+            self.intake.stop()
         self._stopping.set()
         if self._thread is not None:
             self._events.put(Stop())
@@ -409,10 +445,15 @@ class Orchestrator:
         waiter: Waiter = threading.Event() if decided is None else decided
         if searched is not None and searched.plan_filter == self.executor.plan_filter():
             searched = replace(searched, plan_filter=self._plan_filter)
-        with self._lock:
+        with self._waiters:
             self._decided[record.id] = waiter
-        self._events.put(Submitted(record, parse_job(record.spec) if spec is None else spec, searched))
+        if self.intake is None:  # else the intake reads the row (once: module docstring of intake)
+            self._events.put(Submitted(record, parse_job(record.spec) if spec is None else spec, searched))
         return waiter
+
+    def _accepted(self, records: list[JobRecord]) -> None:
+        """Rows the intake read (its thread)."""
+        self._events.put(Accepted(tuple(records)))
 
     def cancel(self, job_id: str) -> Future[str]:
         """Cancel a job; the future gives the state it ends in (``cancelled`` or its terminal state)."""
@@ -468,8 +509,25 @@ class Orchestrator:
             option, start = planned
             if option is None:
                 return self.quotas.explain(job_id, job.options)
-            eta = "unknown" if math.isinf(start) else f"{max(start - self.now(), 0):,.0f} s"
-            return f"waiting for {option.num_gpus} x {option.gpu_type} (estimated start in {eta})"
+            return self._why_waiting(job, option, start, estimates.positions.get(job_id))
+
+    def _why_waiting(self, job: ProblemJob, option: Option, start: float, position: int | None) -> str:
+        """One sentence: the GPUs it waits for, its place and estimated start, the types it could use, and its
+        deadline when the planned run misses it."""
+        eta = "unknown" if math.isinf(start) else cluster_duration(max(start - self.now(), 0.0), self.time_scale)
+        fewest: dict[str, int] = {}
+        for o in job.options:
+            fewest[o.gpu_type] = min(fewest.get(o.gpu_type, o.num_gpus), o.num_gpus)
+        types = ", ".join(f"{t} (from {n})" for t, n in sorted(fewest.items()))
+        where = f"#{position} in the queue, " if position is not None else ""
+        text = (
+            f"waiting for {option.num_gpus} x {option.gpu_type} ({where}estimated start in {eta}); "
+            f"it can run on {types}"
+        )
+        if job.deadline_s is not None and start + option.duration_s > job.deadline_s:
+            late = cluster_duration(start + option.duration_s - job.deadline_s, self.time_scale)
+            text += f"; deadline at risk: the planned run ends {late} past it"
+        return text
 
     def queue_info(self, job_id: str) -> QueueInfo | None:
         """Where a queued job stands (None if it is not queued): its position in the order the next decision
@@ -482,8 +540,10 @@ class Orchestrator:
             position = estimates.positions.get(job_id)
             if option is None or math.isinf(start):
                 return QueueInfo(position, None, None)
-            wall_s = max(start - self.now(), 0.0) / self.time_scale
-            return QueueInfo(position, wall_s, f"{option.num_gpus} x {option.gpu_type}")
+            deadline = self.state.queue[job_id].deadline_s
+            risk = None if deadline is None else start + option.duration_s > deadline
+            wait = max(start - self.now(), 0.0)
+            return QueueInfo(position, wait, f"{option.num_gpus} x {option.gpu_type}", risk)
 
     def _estimated(self, job_id: str) -> _Estimates:
         """The queue's positions and planned waits (:meth:`GreedyState.plan_waits` of the first
@@ -579,7 +639,10 @@ class Orchestrator:
         keep_going = not any(isinstance(e, Stop) for e in batch)
         with self._lock:
             for event in batch:
-                if isinstance(event, Submitted | Exited | CancelRequested):
+                if isinstance(event, Accepted):
+                    for submitted in self._new(event.records, pending):
+                        self._handle(submitted, pending)
+                elif isinstance(event, Submitted | Exited | CancelRequested):
                     self._handle(event, pending)
             launches = self._decide(pending) if keep_going else []
         if not self._write(pending):
@@ -597,6 +660,23 @@ class Orchestrator:
         for launch in launches:
             self.executor.launch(launch, self._on_exit, self._on_report)
         return keep_going
+
+    def _new(self, records: tuple[JobRecord, ...], pending: _Pending) -> list[Submitted]:
+        """The intake's rows this loop does not know yet, parsed; a row that does not parse is failed with
+        the reason (module docstring)."""
+        fresh: list[Submitted] = []
+        for record in records:
+            if record.id in self.jobs or record.id in self._recovered_new or record.state != JobState.QUEUED:
+                self._recovered_new.discard(record.id)
+                continue
+            try:
+                if record.problems:
+                    raise ValueError("; ".join(record.problems))
+                fresh.append(Submitted(record, parse_job(record.spec)))
+            except Exception as err:
+                log.error("intake: job %s quarantined: %s", record.id, err)
+                self._drop(record.id, f"at intake: {err.__class__.__name__}: {err}", pending)
+        return fresh
 
     def _handle(self, event: Submitted | Exited | CancelRequested, pending: _Pending) -> None:
         """One submit, exit or cancel event; one that raises fails its job with the reason (module
@@ -724,7 +804,15 @@ class Orchestrator:
             return  # a cancelled or superseded attempt
         self._release(job)
         if info.ok:
-            pending.add(job_id, JobState.SUCCEEDED, "completed", measured=info.measured or None)
+            measured, detail = dict(info.measured or {}), "completed"
+            deadline = job.spec.scheduling.deadline_s
+            if deadline is not None:
+                ended = self.now() - job.submitted_s
+                measured |= {"deadline_s": deadline, "end_after_submit_s": ended}
+                if ended > deadline:
+                    measured["deadline_missed_by_s"] = ended - deadline
+                    detail = f"completed {cluster_duration(ended - deadline, self.time_scale)} after its deadline"
+            pending.add(job_id, JobState.SUCCEEDED, detail, measured=measured or None)
             self._learn(job, run, info)
             self._end(job_id)
             return
@@ -820,7 +908,8 @@ class Orchestrator:
             # The review released its GPUs in the ledger already: only the quota and the executor are left.
             job.run, job.progress = None, None
             self.quotas.release(move.job)
-            self.executor.cancel(move.job)
+            kind = "preempted" if move.reason == "preempt" else "grown"
+            self.executor.cancel(move.job, f"{kind} by the scheduler, {move.why}" if move.why else kind)
             job.steps_left = left
             job.moves += 1
             if move.max_duration_s < math.inf:  # it grows: only the plans the review's division allows
@@ -831,8 +920,9 @@ class Orchestrator:
             pending.add(
                 move.job,
                 JobState.QUEUED,
-                f"moved: stopped {why} after {before - left} of {before} steps; resumes from its checkpoint "
-                f"(move {job.moves})",
+                f"moved ({kind}): stopped {why} after {before - left} of {before} steps"
+                + (f", {move.why}" if move.why else "")
+                + f"; resumes from its checkpoint (move {job.moves})",
                 moves=job.moves,
             )
             self._queue(job, options, "queued: stopped, waiting to resume")
@@ -856,7 +946,9 @@ class Orchestrator:
         # more time noting this per job than deciding).
         self._waiting = waiting
         self._fresh.clear()
-        for job_id in [j for j in self._decided if j in self.state.queue]:
+        with self._waiters:
+            considered = [j for j in self._decided if j in self.state.queue]
+        for job_id in considered:
             self._mark_decided(job_id)
         return launches
 
@@ -888,6 +980,14 @@ class Orchestrator:
             "step_time_s": p.step_time_s,
             "runtime_s": a.option.duration_s,
         }
+        deadline = job.spec.scheduling.deadline_s
+        if deadline is not None:
+            ends_in = a.end_s - job.submitted_s
+            predicted |= {"deadline_s": deadline, "end_after_submit_s": ends_in, "deadline_risk": ends_in > deadline}
+            if ends_in > deadline:
+                late = cluster_duration(ends_in - deadline, self.time_scale)
+                detail += f"; deadline at risk: predicted to end {late} past it"
+                log.warning("decision: %s is predicted to end %s past its deadline", job.id, late)
         pending.add(
             job.id,
             JobState.SCHEDULED,
@@ -912,19 +1012,23 @@ class Orchestrator:
 
     def _mark_decided(self, job_id: str) -> None:
         """Note that a decision considered the job; its waiter is woken once the batch is written."""
-        event = self._decided.pop(job_id, None)
+        with self._waiters:
+            event = self._decided.pop(job_id, None)
         if event is not None:
             self._wake.append(event)
 
     # --- recovery ---------------------------------------------------------------------------------------
 
-    def recover(self) -> dict[str, int]:
-        """Rebuild the queue and the ledger from the store (module docstring); counts per outcome."""
+    def recover(self, after: int | None = None) -> dict[str, int]:
+        """Rebuild the queue and the ledger from the store (module docstring); counts per outcome. ``after``:
+        the intake's first mark (jobs accepted after it are read by both, and skipped by the intake)."""
         pending = _Pending()
         alive = self.executor.running()
         counts = {"queued": 0, "kept": 0, "moved": 0, "failed": 0, "quarantined": 0}
         with self._lock:
             for record in self.store.active():
+                if after is not None and record.seq > after:
+                    self._recovered_new.add(record.id)
                 try:
                     counts[self._recover_one(record, alive, pending)] += 1
                 except Exception as err:  # a row this service cannot run must not stop its start
@@ -984,5 +1088,13 @@ class Orchestrator:
         )
 
 
+_IDS = random.Random(os.urandom(32))
+"""Job ids: 64 random bits from a generator seeded by the operating system once per process (and again in a
+forked child). An id per request from os.urandom cost a system call each, a fifth of a millisecond on this
+virtual machine (issue 27). Ids need only be unique (tenants are kept apart by the ``tenant`` column, not by
+unguessable ids): among a million jobs, two share an id with probability n^2 / 2^65 = 3e-8 (birthday bound)."""
+os.register_at_fork(after_in_child=lambda: _IDS.seed(os.urandom(32)))
+
+
 def new_job_id() -> str:
-    return f"job-{uuid.uuid4().hex[:16]}"
+    return f"job-{_IDS.getrandbits(64):016x}"

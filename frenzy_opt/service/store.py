@@ -40,6 +40,7 @@ Faults are explicit:
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import json
 import logging
@@ -47,6 +48,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Concatenate, ParamSpec, TypeVar
@@ -69,6 +71,7 @@ from sqlalchemy.exc import DBAPIError, IntegrityError, SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
 from frenzy_opt.core.enums import ACTIVE_STATES, TERMINAL_STATES, JobState
+from frenzy_opt.service.groupcommit import GroupCommit
 from frenzy_opt.service.schema import (
     ADDED_COLUMNS,
     Base,
@@ -147,8 +150,8 @@ _GET = select(_JOBS).where(_JOBS.c.id == bindparam("b_id"))
 _BY_KEY = select(_JOBS).where(_JOBS.c.tenant == bindparam("b_tenant"), _JOBS.c.idempotency_key == bindparam("b_key"))
 _UPDATE = update(_JOBS).where(_JOBS.c.id == bindparam("b_id"))
 """SET from the parameters' column names."""
-_INSERT_JOB = insert(_JOBS)
 _INSERT_EVENT = insert(_EVENTS)
+_NEW_SINCE = select(_JOBS).where(_JOBS.c.seq > bindparam("b_seq")).order_by(_JOBS.c.seq).limit(bindparam("b_limit"))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -294,6 +297,43 @@ def _identity(path: str) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
+def job_values(
+    *,
+    job_id: str,
+    tenant: str,
+    name: str,
+    spec: dict[str, Any],
+    request_hash: str,
+    idempotency_key: str | None,
+    max_retries: int,
+    weight: float,
+    predicted: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """A new job's row (queued, accepted now), every column but ``seq`` (given when it is committed)."""
+    now = time.time()
+    return {
+        "id": job_id,
+        "tenant": tenant,
+        "name": name,
+        "idempotency_key": idempotency_key,
+        "request_hash": request_hash,
+        "spec_json": json.dumps(spec, sort_keys=True),
+        "state": "queued",
+        "reason": "accepted",
+        "attempts": 0,
+        "failures": 0,
+        "moves": 0,
+        "max_retries": max_retries,
+        "weight": weight,
+        "plan_json": None,
+        "placement_json": None,
+        "predicted_json": None if predicted is None else json.dumps(predicted),
+        "measured_json": None,
+        "created_at": now,
+        "updated_at": now,
+    }
+
+
 class Store:
     """The job database. ``create=False``: refuse a store that does not exist yet (:class:`StoreMissing`)
     rather than start an empty one (``frenzy serve`` without ``--create``)."""
@@ -334,7 +374,8 @@ class Store:
         submission latency under concurrency); other processes still meet the busy timeout."""
         self._writing_since: float | None = None
         """When the write under way started (time.monotonic()), None when none is."""
-        self._next_seq: int | None = None
+        self._commits = GroupCommit(self.write)
+        """The group commit of accepted jobs (its thread starts with the first)."""
         self._writer: FileLock | Lease | None = None
         if self.path is not None:
             self._writer = FileLock(self.path, self.engine)
@@ -583,6 +624,7 @@ class Store:
             yield s
 
     def close(self) -> None:
+        self._commits.close()
         self._closed.set()
         watch, self._watch = self._watch, None
         if watch is not None and watch is not threading.current_thread():
@@ -607,38 +649,40 @@ class Store:
         weight: float,
         predicted: dict[str, Any] | None,
     ) -> JobRecord:
-        """Accept a job: its row and its first event in one transaction (SQLAlchemy Core: the ORM's unit of
-        work tripled the cost of this hot path)."""
-        now = time.time()
-        values = {
-            "id": job_id,
-            "tenant": tenant,
-            "name": name,
-            "idempotency_key": idempotency_key,
-            "request_hash": request_hash,
-            "spec_json": json.dumps(spec, sort_keys=True),
-            "state": "queued",
-            "reason": "accepted",
-            "attempts": 0,
-            "failures": 0,
-            "moves": 0,
-            "max_retries": max_retries,
-            "weight": weight,
-            "plan_json": None,
-            "placement_json": None,
-            "predicted_json": None if predicted is None else json.dumps(predicted),
-            "measured_json": None,
-            "created_at": now,
-            "updated_at": now,
-        }
+        """Accept a job: its row and its first event in one transaction, shared with the inserts of concurrent
+        submissions (:meth:`accept`); returns once committed."""
+        values = job_values(
+            job_id=job_id,
+            tenant=tenant,
+            name=name,
+            spec=spec,
+            request_hash=request_hash,
+            idempotency_key=idempotency_key,
+            max_retries=max_retries,
+            weight=weight,
+            predicted=predicted,
+        )
+        return self.accepted(values, self.accept(values).result())
+
+    def accept(self, values: dict[str, Any]) -> Future[int]:
+        """Queue a job row (:func:`job_values`) for the next group commit
+        (:mod:`frenzy_opt.service.groupcommit`); the future gives its ``seq`` once the row is durable, or the
+        error (an :class:`IntegrityError` for an ``Idempotency-Key`` the tenant used, a store fault)."""
+        return self._commits.add(values)  # refused at once while the store is at fault, as every write
+
+    def accept_async(self, values: dict[str, Any]) -> asyncio.Future[int]:
+        """:meth:`accept` awaited on the running event loop."""
+        return self._commits.add_async(values)
+
+    @staticmethod
+    def accepted(values: dict[str, Any], seq: int) -> JobRecord:
+        """The record of a committed job row."""
+        return _record({**values, "seq": seq})
+
+    def write(self, work: Callable[[Connection], R]) -> R:
+        """Run ``work`` inside one write transaction (the group commit's)."""
         with self._writing() as conn:
-            if self._next_seq is None:
-                self._next_seq = int(conn.scalar(select(func.max(JobRow.seq))) or 0) + 1
-            values["seq"] = self._next_seq
-            conn.execute(_INSERT_JOB, values)
-            conn.execute(_INSERT_EVENT, {"job_id": job_id, "at": now, "state": "queued", "detail": "accepted"})
-            self._next_seq += 1
-        return _record(values)
+            return work(conn)
 
     def transition(self, job_id: str, state: str, detail: str = "", **fields: Any) -> None:
         """Move a job to ``state`` (recording the event) and set other columns (``plan``, ``placement``,
@@ -756,3 +800,18 @@ class Store:
             unknown = not_(JobRow.state.in_(STATES))
             rows = s.scalars(select(JobRow).where(or_(JobRow.state.in_(ACTIVE), unknown)).order_by(JobRow.seq))
             return [JobRecord.of(r) for r in rows]
+
+    @_noted
+    def new_since(self, seq: int, limit: int) -> list[JobRecord]:
+        """Jobs accepted after ``seq``, in acceptance order, at most ``limit`` of them: the scheduler reads what
+        API worker processes accepted (rows are committed in ``seq`` order, :mod:`frenzy_opt.service.groupcommit`,
+        so none appears later below a ``seq`` already read)."""
+        with self.engine.connect() as conn:
+            rows = conn.execute(_NEW_SINCE, {"b_seq": seq, "b_limit": limit}).mappings().all()
+            return [_record(dict(row)) for row in rows]
+
+    @_noted
+    def last_seq(self) -> int:
+        """The ``seq`` of the last job accepted (0 for an empty store)."""
+        with self.engine.connect() as conn:
+            return int(conn.scalar(select(func.max(_JOBS.c.seq))) or 0)

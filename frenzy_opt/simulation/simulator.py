@@ -1,7 +1,8 @@
 """Discrete-event simulator: replays a workload on a heterogeneous cluster under a scheduling policy.
 
 The simulator owns the truth: the GPU ledger (free GPUs per node, nodes up or down), every job's state and
-progress, the clock. A policy (:class:`Policy`) sees that state read-only through the simulator and answers
+progress, the clock. A policy (:class:`~frenzy_opt.simulation.view.Policy`) sees that state read-only through a
+:class:`~frenzy_opt.simulation.view.ClusterView` and answers
 each decision with actions: :class:`Start` (a job, one of its options, the nodes) and :class:`Stop`
 (preempt a running job). The simulator checks every action against the ledger — a policy can never
 double-book a GPU, start a job twice or place it against the placement rule — and raises
@@ -41,18 +42,63 @@ import random
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
-from frenzy_opt.core.protocols import Policy
 from frenzy_opt.hardware.placement import refusal
 from frenzy_opt.hardware.topology import Topology
 from frenzy_opt.planning.problem import Option, OptionCache, no_option_message
 from frenzy_opt.planning.restart import job_restart_s
 from frenzy_opt.planning.scenario import Request, Scenario
 from frenzy_opt.simulation.tracemap import expand, with_requests
+from frenzy_opt.simulation.view import ClusterView, Policy
 
-# Event kinds in their order at equal times (module docstring); WAKE is a wake-up a policy asked for.
-COMPLETION, FAILURE, REPAIR, ARRIVAL, WAKE, TICK = range(6)
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """A run ends (``epoch``: the run it was planned for; a stopped run's completion is stale)."""
+
+    job: str
+    epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFailure:
+    node: int
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRepair:
+    node: int
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    job: str
+
+
+@dataclass(frozen=True, slots=True)
+class Wake:
+    """A decision a policy asked for (:meth:`ClusterView.wake_at`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """A round boundary of a round-based policy."""
+
+
+SimEvent = Completion | NodeFailure | NodeRepair | Arrival | Wake | Tick
+EVENT_ORDER: dict[type, int] = {Completion: 0, NodeFailure: 1, NodeRepair: 2, Arrival: 3, Wake: 4, Tick: 5}
+"""The order of events at equal times (module docstring)."""
+WAKE, TICK = Wake(), Tick()
+
+
+class _Due(NamedTuple):
+    """An event in the simulator's heap: by time, then :data:`EVENT_ORDER`, then the order pushed."""
+
+    when: float
+    order: int
+    seq: int
+    event: SimEvent
 
 
 class SimulationError(RuntimeError):
@@ -135,7 +181,7 @@ class Segment:
 
 
 @dataclass(slots=True)
-class JobState:
+class SimJobState:
     job: SimJob
     remaining: float
     status: str = "pending"  # pending -> queued -> running -> (queued ...) -> done
@@ -181,7 +227,7 @@ class Failures:
 @dataclass(slots=True, kw_only=True)
 class SimResult:
     policy: str
-    jobs: dict[str, JobState]
+    jobs: dict[str, SimJobState]
     decision_s: list[float]
     total_gpus: int
     gpus_per_type: dict[str, int]
@@ -291,14 +337,14 @@ class Simulator:
         self.failures = failures
         self.progress = progress
         self.max_idle_ticks = max_idle_ticks
-        self.jobs: dict[str, JobState] = {j.id: JobState(job=j, remaining=float(j.steps)) for j in jobs}
+        self.jobs: dict[str, SimJobState] = {j.id: SimJobState(job=j, remaining=float(j.steps)) for j in jobs}
         self.free: list[int] = [n.num_gpus for n in topology.nodes]
         self.up: list[bool] = [True] * len(topology.nodes)
-        self.queue: dict[str, JobState] = {}
-        self.running: dict[str, JobState] = {}
+        self.queue: dict[str, SimJobState] = {}
+        self.running: dict[str, SimJobState] = {}
         self.now = 0.0
         self.decision_s: list[float] = []
-        self._events: list[tuple[float, int, int, str, int]] = []
+        self._events: list[_Due] = []
         self._seq = 0
         self._finished = 0
         self._rng = random.Random(failures.seed if failures else 0)
@@ -306,19 +352,19 @@ class Simulator:
 
     # --- events --------------------------------------------------------------------------------------
 
-    def _push(self, when: float, kind: int, key: str = "", epoch: int = 0) -> None:
+    def _push(self, when: float, event: SimEvent) -> None:
         self._seq += 1
-        heapq.heappush(self._events, (when, kind, self._seq, key, epoch))
+        heapq.heappush(self._events, _Due(when, EVENT_ORDER[type(event)], self._seq, event))
 
     def _next_failure(self, node: int, after: float) -> None:
         assert self.failures is not None
-        self._push(after + self._rng.expovariate(1.0 / (self.failures.node_mtbf_h * 3600.0)), FAILURE, str(node))
+        self._push(after + self._rng.expovariate(1.0 / (self.failures.node_mtbf_h * 3600.0)), NodeFailure(node))
 
     def run(self) -> SimResult:
         wall = time.perf_counter()
-        self.policy.attach(self)
+        self.policy.attach(ClusterView(self))
         for state in self.jobs.values():
-            self._push(state.job.arrival_s, ARRIVAL, state.job.id)
+            self._push(state.job.arrival_s, Arrival(state.job.id))
         if self.failures is not None:
             for node in range(len(self.topology.nodes)):
                 self._next_failure(node, 0.0)
@@ -330,24 +376,22 @@ class Simulator:
         while self._finished < total:
             if not self._events:
                 raise SimulationError(self._stuck_message())
-            self.now = self._events[0][0]
+            self.now = self._events[0].when
             tick = False
-            while self._events and self._events[0][0] == self.now:
-                _, kind, _, key, epoch = heapq.heappop(self._events)
-                if kind == COMPLETION:
-                    self._complete(key, epoch)
-                elif kind == FAILURE:
-                    self._fail_node(int(key))
-                elif kind == REPAIR:
-                    self._repair_node(int(key))
-                elif kind == WAKE:
-                    pass
-                elif kind == ARRIVAL:
-                    state = self.jobs[key]
+            while self._events and self._events[0].when == self.now:
+                event = heapq.heappop(self._events).event
+                if isinstance(event, Completion):
+                    self._complete(event.job, event.epoch)
+                elif isinstance(event, NodeFailure):
+                    self._fail_node(event.node)
+                elif isinstance(event, NodeRepair):
+                    self._repair_node(event.node)
+                elif isinstance(event, Arrival):
+                    state = self.jobs[event.job]
                     state.status = "queued"
-                    self.queue[key] = state
+                    self.queue[event.job] = state
                     self.policy.on_arrival(state.job, self.now)
-                else:
+                elif isinstance(event, Tick):
                     tick = True
             if round_s is None or tick:
                 started = time.perf_counter()
@@ -381,12 +425,12 @@ class Simulator:
         following = self.now + round_s
         if self.queue or self.running:
             return following
-        upcoming = self._events[0][0] if self._events else following  # the only tick is the one being pushed
+        upcoming = self._events[0].when if self._events else following  # the only tick is the one being pushed
         return max(following, math.ceil(upcoming / round_s) * round_s)
 
     def _pending_non_tick(self) -> bool:
         """Whether an event is still due that could let a queued job start."""
-        return any(kind in (COMPLETION, REPAIR, ARRIVAL, WAKE) for _, kind, _, _, _ in self._events)
+        return any(isinstance(due.event, Completion | NodeRepair | Arrival | Wake) for due in self._events)
 
     def wake_at(self, when: float) -> None:
         """Make an event-driven policy decide again at ``when`` (e.g. a planned start)."""
@@ -458,9 +502,9 @@ class Simulator:
             state.first_start_s = self.now
         state.step_s = self.truth.step_s(state.job, option)
         end = state.progress_from_s + state.remaining * state.step_s
-        self._push(end, COMPLETION, state.job.id, state.epoch)
+        self._push(end, Completion(state.job.id, state.epoch))
 
-    def _end_run(self, state: JobState, *, finished: bool, keep_progress: bool) -> None:
+    def _end_run(self, state: SimJobState, *, finished: bool, keep_progress: bool) -> None:
         """Close the current run of a running job at ``now``: progress, segment, GPUs back."""
         option = state.option
         assert option is not None
@@ -519,7 +563,7 @@ class Simulator:
             self.policy.on_end(state.job, self.now, False)
         self.up[node] = False
         until = self.now + self.failures.repair_s
-        self._push(until, REPAIR, str(node))
+        self._push(until, NodeRepair(node))
         self.policy.on_node(node, self.now, False, until)
 
     def _repair_node(self, node: int) -> None:

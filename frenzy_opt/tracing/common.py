@@ -13,8 +13,8 @@ import torch
 import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from frenzy_opt.core.partition import chunk_layer_counts
 from frenzy_opt.core.spec import JobSpec
-from frenzy_opt.prediction.marp.stages import chunk_layer_counts
 from frenzy_opt.tracing.recorder import AllocationRecorder, Trace
 
 

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from frenzy_opt.core.enums import Precision, Recompute
 from frenzy_opt.core.spec import JobSpec
 from frenzy_opt.tracing import common
 from frenzy_opt.tracing.recorder import AllocationRecorder
@@ -399,8 +400,8 @@ def transformer_config(job: JobSpec, recompute: str) -> Any:
         attention_dropout=0.0,
         hidden_dropout=0.0,
         params_dtype=dtype,
-        bf16=t.precision == "bf16",
-        fp16=t.precision == "fp16",
+        bf16=t.precision == Precision.BF16,
+        fp16=t.precision == Precision.FP16,
         pipeline_dtype=dtype,
         tensor_model_parallel_size=p.tp,
         pipeline_model_parallel_size=p.pp,
@@ -437,9 +438,9 @@ def transformer_config(job: JobSpec, recompute: str) -> Any:
             moe_expert_capacity_factor=1.0,
             moe_pad_expert_input_to_capacity=True,
         )
-    if recompute == "full":
+    if recompute == Recompute.FULL:
         kwargs.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
-    elif recompute == "selective":
+    elif recompute == Recompute.SELECTIVE:
         kwargs.update(recompute_granularity="selective")
     return TransformerConfig(**kwargs)
 
@@ -535,7 +536,7 @@ def _build(job: JobSpec, stage: int, recompute: str, attention: str, opts: Mcore
         share_embeddings_and_output_weights=arch.tied_embeddings,
         position_embedding_type="rope",
     )
-    distributed = p.zero_stage >= 1 and t.precision != "fp32"
+    distributed = p.zero_stage >= 1 and t.precision != Precision.FP32
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=True,
         overlap_grad_reduce=opts.overlap_grad_reduce,
@@ -548,8 +549,8 @@ def _build(job: JobSpec, stage: int, recompute: str, attention: str, opts: Mcore
         weight_decay=0.1,
         adam_beta1=0.9,
         adam_beta2=0.95,
-        bf16=t.precision == "bf16",
-        fp16=t.precision == "fp16",
+        bf16=t.precision == Precision.BF16,
+        fp16=t.precision == Precision.FP16,
         params_dtype=_DTYPES[t.precision],
         use_distributed_optimizer=distributed,
         clip_grad=1.0,

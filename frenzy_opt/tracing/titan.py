@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from frenzy_opt.core.enums import Precision
 from frenzy_opt.core.spec import JobSpec
 from frenzy_opt.tracing import common
 from frenzy_opt.tracing.recorder import AllocationRecorder
@@ -215,7 +216,7 @@ def _configs(job: JobSpec, opts: TitanOptions, microbatches: int) -> tuple[Any, 
         global_batch_size=t.micro_batch_size * p.dp * microbatches,
         seq_len=t.seq_len,
         dtype="float32",
-        mixed_precision_param="bfloat16" if t.precision == "bf16" else "float32",
+        mixed_precision_param="bfloat16" if t.precision == Precision.BF16 else "float32",
         disable_cuda_graphs=True,
     )
     parallelism = tt["ParallelismConfig"](
@@ -412,7 +413,7 @@ def _pipeline_step(
     p, t = job.parallel, job.training
     b, s, v = t.micro_batch_size, t.seq_len, job.model.vocab_size
     first, last = stage == 0, stage == p.pp - 1
-    act_dtype = torch.bfloat16 if t.precision == "bf16" else torch.float32
+    act_dtype = torch.bfloat16 if t.precision == Precision.BF16 else torch.float32
     optimizers.zero_grad(set_to_none=True)
     pending: dict[int, tuple[torch.Tensor, torch.Tensor | None]] = {}
     tokens = torch.tensor(float(b * s * microbatches))

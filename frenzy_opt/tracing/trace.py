@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from frenzy_opt.core.enums import Runtime
 from frenzy_opt.core.spec import JobSpec
 from frenzy_opt.tracing.common import StageTrace, TraceResult
 
@@ -40,13 +41,13 @@ def trace_job(
     runtime = job.training.runtime
     results: list[StageTrace] = []
     for s in trace_stages(job, stage):
-        if runtime == "fsdp2":
+        if runtime == Runtime.FSDP2:
             from frenzy_opt.tracing import titan
 
             results.append(
                 titan.trace_stage(job, s, steps=steps, opts=options, max_microbatches=max_microbatches, fake=fake)  # type: ignore[arg-type]
             )
-        elif runtime == "megatron":
+        elif runtime == Runtime.MEGATRON:
             from frenzy_opt.tracing import mcore
 
             results.append(

@@ -28,6 +28,7 @@ from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.distributed._tools.mem_tracker import MemTracker
 
+from frenzy_opt.core.enums import Precision, Runtime
 from frenzy_opt.core.spec import JobSpec
 from frenzy_opt.models.reference import ReferenceDecoder, ShardSpec
 from frenzy_opt.prediction.marp.stages import stage_shape
@@ -56,7 +57,7 @@ def check_supported(job: JobSpec) -> None:
         raise ValueError(f"harness: training.optimizer must be adamw, got {t.optimizer!r}")
     if p.vpp != 1 or p.sequence_parallel:
         raise ValueError("harness: parallel.vpp must be 1 and parallel.sequence_parallel false")
-    if t.runtime == "megatron" and t.precision == "fp32" and p.zero_stage:
+    if t.runtime == Runtime.MEGATRON and t.precision == Precision.FP32 and p.zero_stage:
         raise ValueError("harness: megatron fp32 is measured with zero_stage 0")
 
 
@@ -111,7 +112,7 @@ def megatron_optimizer(model: nn.Module, job: JobSpec) -> tuple[torch.optim.Opti
             p.grad = None
 
         param.register_post_accumulate_grad_hook(fold)
-    if job.training.precision == "fp32":
+    if job.training.precision == Precision.FP32:
         optimizer = torch.optim.AdamW(params, fused=True)
         for param in params:
             # fp32 weights are their own master copy: Adam reads the fp32 main grads directly.
@@ -163,7 +164,7 @@ def run_step(
             out.backward()
         else:
             out.backward(torch.zeros(out.shape, dtype=out.dtype))
-    if t.precision == "fp32":
+    if t.precision == Precision.FP32:
         # fp32 weights are their own master copy: Adam reads the fp32 main grads directly.
         for param in model.parameters():
             param.grad = param.main_grad  # type: ignore[attr-defined]

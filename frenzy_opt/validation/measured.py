@@ -222,13 +222,13 @@ def _job_of(row: dict[str, str]) -> JobSpec:
     vpp = num("vpp") if "interleaved" in row.get("pp_schedule", "").lower() else 1
     optimizer = "adafactor" if "adafactor" in row["optimizer"].lower() else "adamw"
     sharding = row["optimizer_sharding"].lower()
-    if runtime == "fsdp2":
+    if runtime == Runtime.FSDP2:
         zero = 3
     elif "distributed optimizer" in sharding and "dp=1" not in sharding:
         # Megatron's distributed optimizer shards over the data-parallel group with context parallelism.
         zero = 1 if dp * cp > 1 else 0
     else:
-        zero = default_zero_stage(runtime, dp) if runtime == "deepspeed" else 0
+        zero = default_zero_stage(runtime, dp) if runtime == Runtime.DEEPSPEED else 0
     recompute = row["recompute"].split()[0].lower() if row["recompute"].strip() else "none"
     attention = row.get("attention_impl", "").lower()
     eager = any(word in attention for word in ("unfused", "eager", "local"))
@@ -246,7 +246,7 @@ def _job_of(row: dict[str, str]) -> JobSpec:
             k in f"{notes} {row['precision'].lower()}" for k in ("fp8-param", "fp8_param", "float8 fsdp all-gather")
         ),
         # torchtitan chunks its loss only since ChunkedLossWrapper (0.3.0); a row says so when it did.
-        loss_chunks=None if runtime != "fsdp2" or "chunk" in notes else 1,
+        loss_chunks=None if runtime != Runtime.FSDP2 or "chunk" in notes else 1,
     )
     parallel = ParallelConfig(
         dp=dp,

@@ -274,7 +274,7 @@ def _recompute(text: str) -> str:
 
 def _zero(text: str, runtime: str, dp: int) -> int:
     low = text.lower()
-    if runtime == "fsdp2":
+    if runtime == Runtime.FSDP2:
         return 3
     if dp == 1:
         return 0
@@ -390,7 +390,7 @@ def parse_row(row: dict[str, str]) -> StepRun:
         ep = 1
     runtime = runtime_of(row["framework"])
     micro = num("micro_batch", 1)
-    if runtime == "fsdp2" and pp > 1 and micro % pp == 0:
+    if runtime == Runtime.FSDP2 and pp > 1 and micro % pp == 0:
         # torchtitan splits the local batch into as many pipeline micro-batches as stages by default
         # (its pipelining config, microbatch_size = local batch / stages).
         micro //= pp
@@ -411,7 +411,7 @@ def parse_row(row: dict[str, str]) -> StepRun:
         runtime=Runtime(runtime),
         tp_comm_overlap=overlap,
         # torchtitan chunks its loss only since ChunkedLossWrapper (0.3.0), later than these sources.
-        loss_chunks=1 if runtime == "fsdp2" else None,
+        loss_chunks=1 if runtime == Runtime.FSDP2 else None,
     )
     parallel = ParallelConfig(
         dp=dp,
@@ -603,7 +603,7 @@ def parameters_for(runs: Sequence[StepRun], *, keys: str = "architecture") -> li
         per_runtime_parameter("gemm_efficiency", rt, 0.2, MAX_RELATIVE_EFFICIENCY, start=DEFAULT_EFFICIENCY)
         for rt in runtimes
     ]
-    if any(r.job is not None and r.job.training.precision == "fp8" for r in rows):
+    if any(r.job is not None and r.job.training.precision == Precision.FP8 for r in rows):
         out.append(scalar_parameter("fp8_efficiency", 0.2, MAX_RELATIVE_EFFICIENCY))
     out.extend(per_runtime_parameter("microbatch_overhead_s", rt, 1e-5, 1.0, start=1e-3) for rt in runtimes)
     if len(rows) >= 8:

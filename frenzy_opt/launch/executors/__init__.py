@@ -5,8 +5,8 @@ end through the ``on_exit`` callback (from any thread), stops it on request (:me
 says which jobs it is still running (:meth:`Executor.running`) so that the orchestrator can reconcile after
 a restart. Executors: ``simulated`` (:mod:`frenzy_opt.launch.executors.simulated`, time scaled, the embedded
 default), ``local`` (:mod:`frenzy_opt.launch.executors.local`, torchrun processes running
-:mod:`frenzy_opt.launch.train`) and ``ray`` (:mod:`frenzy_opt.launch.executors.ray`, a placement group and one actor per
-rank; ``RAY_ADDRESS`` names the cluster). The protocol is :class:`frenzy_opt.core.protocols.Executor`:
+:mod:`frenzy_opt.launch.worker.train`) and ``ray`` (:mod:`frenzy_opt.launch.executors.ray`, a placement group
+and one actor per rank; ``RAY_ADDRESS`` names the cluster). The protocol is :class:`Executor` (below):
 besides launching it says which plans it can run (``supports``: the planner offers only those), whether a
 stopped attempt resumes (``preemptible``) and takes over runs that survived a restart (``adopt``).
 
@@ -26,12 +26,15 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
-from frenzy_opt.core.protocols import Executor
 from frenzy_opt.core.registry import Registry
 from frenzy_opt.core.spec import JobSpec
-from frenzy_opt.planning.problem import Option
+from frenzy_opt.planning.problem import Option, PlanFilter
+
+if TYPE_CHECKING:
+    from frenzy_opt.models.arch import ModelArch
+    from frenzy_opt.planning.plans import Plan
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -93,7 +96,44 @@ def attempt_log(workdir: Path, job_id: str, attempt: int) -> Path:
 
 OnExit = Callable[[str, int, ExitInfo], None]
 OnReport = Callable[[str, int, dict[str, Any]], None]
-"""A worker report of a running attempt (one JSON object per step, see :mod:`frenzy_opt.launch.train`)."""
+"""A worker report of a running attempt (one JSON object per step, see :mod:`frenzy_opt.launch.worker.train`)."""
+
+
+class Executor(Protocol):
+    """Runs attempts of jobs on their placements (the contract in :mod:`frenzy_opt.launch.executors`)."""
+
+    name: str
+    preemptible: bool
+    """Whether a stopped attempt resumes where it stopped (so the scheduler may preempt and grow jobs)."""
+
+    def launch(self, launch: Launch, on_exit: OnExit, on_report: OnReport | None = None) -> None: ...
+
+    def cancel(self, job_id: str, why: str | None = None) -> None:
+        """Stop the job's attempt; ``why`` (a move of the scheduler's: what it gains) goes into its log."""
+
+    def running(self) -> set[str]:
+        """Jobs it still runs, or whose run ended while the service was down (for recovery)."""
+
+    def shutdown(self) -> None: ...
+
+    def supports(self, plan: Plan, arch: ModelArch) -> bool:
+        """Whether it can run the plan (the planner offers only those)."""
+
+    def plan_filter(self) -> PlanFilter | None:
+        """:meth:`supports` as a module-level function of the plan and the job's spec, which a worker process
+        can run (it pickles by name): the same answer as ``supports(plan, spec.model)`` for every plan; None
+        when it supports every plan."""
+
+    def adopt(self, job_id: str, attempt: int, on_exit: OnExit) -> None:
+        """Take over a run that :meth:`running` listed after a restart; its end comes through ``on_exit``."""
+
+    def placement_problem(self, gpu_type: str, gpus_per_node: int) -> str | None:
+        """Why it cannot run ``gpus_per_node`` ranks of ``gpu_type`` per node where it runs (e.g. this machine
+        has no such GPU), or None if it can; ``frenzy launch`` refuses a job none of whose plans it can place."""
+
+    def read_log(self, job_id: str, attempt: int, offset: int | None, limit: int) -> LogChunk | None:
+        """At most ``limit`` bytes of the attempt's output from ``offset`` (None: its last ``limit`` bytes),
+        while it runs and after; None if the attempt left none."""
 
 
 EXECUTORS: Registry[Executor] = Registry("executor")

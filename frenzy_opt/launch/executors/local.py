@@ -1,5 +1,5 @@
 """The local executor: a placement becomes torchrun processes on this machine running the training worker
-(:mod:`frenzy_opt.launch.train`).
+(:mod:`frenzy_opt.launch.worker.train`).
 
 One process per GPU of the placement (per CPU slot for the catalogue's CPU slot type; a GPU type runs on
 CUDA devices only, never silently on the CPU: :func:`device_problem`). A placement inside one node
@@ -28,7 +28,6 @@ import json
 import os
 import re
 import signal
-import statistics
 import subprocess
 import sys
 import threading
@@ -38,34 +37,12 @@ from pathlib import Path
 from typing import Any
 
 from frenzy_opt.core.machine import free_port
-from frenzy_opt.core.spec import JobSpec, ParallelConfig
 from frenzy_opt.hardware.gpus import lookup_gpu
 from frenzy_opt.launch.executors import ExitInfo, Launch, LogChunk, OnExit, OnReport, attempt_log, read_chunk
+from frenzy_opt.launch.executors.common import job_plan_supported, plan_supported, prepare_run, summarize
 from frenzy_opt.models.arch import ModelArch
 from frenzy_opt.planning.plans import Plan
 from frenzy_opt.planning.problem import PlanFilter
-
-
-def worker_supports(parallel: ParallelConfig, arch: ModelArch, num_micro_batches: int | None = None) -> str | None:
-    """Why the training worker cannot run this plan, or None if it can (mirrors ``train.check_plan``).
-
-    ``num_micro_batches`` (per step and dp rank; None: not known) is checked against the pipeline schedule:
-    the worker runs 1F1B through ``torch.distributed.pipelining.Schedule1F1B``, which refuses fewer
-    micro-batches than pipeline stages (its ``__init__``: "Number of microbatches ... must be greater than or
-    equal to the number of stages"); interleaved plans already have a multiple of pp (the planner's rule)."""
-    if num_micro_batches is not None and parallel.pp > 1 and num_micro_batches < parallel.pp:
-        return f"pp={parallel.pp} with {num_micro_batches} micro-batch(es) per step (1F1B needs at least pp)"
-    if parallel.cp != 1 or parallel.ep != 1:
-        return f"cp={parallel.cp}, ep={parallel.ep}"
-    if parallel.sequence_parallel and (parallel.pp > 1 or arch.vocab_size % parallel.tp or arch.tied_embeddings):
-        return "sequence_parallel with pp > 1, tied embeddings or a vocabulary tp does not divide"
-    if arch.is_moe:
-        return "mixture-of-experts models (model.num_experts > 1)"
-    if parallel.pp > 1 and arch.tied_embeddings:
-        return "tied embeddings with pp > 1"
-    if parallel.zero_stage == 1 and (parallel.tp > 1 or parallel.pp > 1):
-        return "zero_stage 1 with tp or pp > 1"
-    return None
 
 
 def device_problem(gpu_type: str, gpus_per_node: int, cpu: bool | None = None) -> str | None:
@@ -89,29 +66,6 @@ def device_problem(gpu_type: str, gpus_per_node: int, cpu: bool | None = None) -
     return None
 
 
-def plan_supported(plan: Plan, arch: ModelArch) -> bool:
-    """The executors' ``supports``: whether the training worker runs ``plan`` (:func:`worker_supports`)."""
-    return worker_supports(plan.parallel, arch, plan.num_micro_batches) is None
-
-
-def job_plan_supported(plan: Plan, job: JobSpec) -> bool:
-    """:func:`plan_supported` for the job's model: the executors' ``plan_filter`` (picklable, for plan
-    searches in a worker process)."""
-    return plan_supported(plan, job.model)
-
-
-def prepare_run(workdir: Path, launch: Launch, max_steps: int | None) -> tuple[Path, int]:
-    """The attempt's run folder ``workdir/<job>/`` with the worker's ``job.json`` and ``plan.json`` (a previous
-    attempt's report removed, its checkpoints kept), and the steps to train."""
-    job_dir = workdir / launch.job_id
-    job_dir.mkdir(parents=True, exist_ok=True)
-    (job_dir / "job.json").write_text(json.dumps(launch.spec.to_mapping()), encoding="utf-8")
-    (job_dir / "plan.json").write_text(json.dumps(launch.option.plan.to_dict()), encoding="utf-8")
-    (job_dir / "report.jsonl").unlink(missing_ok=True)
-    steps = launch.spec.training.train_steps
-    return job_dir, steps if max_steps is None else min(max_steps, steps)
-
-
 @dataclass(slots=True)
 class _Attempt:
     job_id: str
@@ -122,26 +76,6 @@ class _Attempt:
     pgids: list[int] = field(default_factory=list)
     devices: dict[str, list[int]] = field(default_factory=dict)
     cancelled: bool = False
-
-
-def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """What a run measured, from its report lines: steps, first/last loss, median step time (the first
-    step excluded when there are others: it includes warm-up), tokens/s, per-rank peak memory."""
-    steps = [r for r in records if r.get("event") == "step"]
-    memory = [r for r in records if r.get("event") == "memory"]
-    times = [r["step_time_s"] for r in steps]
-    steady = times[1:] if len(times) > 1 else times
-    out: dict[str, Any] = {"steps_run": len(steps)}
-    if steps:
-        out |= {
-            "loss_first": steps[0]["loss"],
-            "loss_last": steps[-1]["loss"],
-            "step_time_s": statistics.median(steady),
-            "tokens_per_s": statistics.median(r["tokens_per_s"] for r in steps[1:] or steps),
-        }
-    if memory:
-        out |= {"peak_memory_bytes": memory[-1]["peak_memory_bytes"], "memory_source": memory[-1]["source"]}
-    return out
 
 
 class LocalExecutor:
@@ -178,6 +112,10 @@ class LocalExecutor:
     def plan_filter(self) -> PlanFilter:
         return job_plan_supported
 
+    def placement_problem(self, gpu_type: str, gpus_per_node: int) -> str | None:
+        """Why this machine cannot run ``gpus_per_node`` ranks of ``gpu_type`` (:func:`device_problem`)."""
+        return device_problem(gpu_type, gpus_per_node, self.cpu)
+
     def read_log(self, job_id: str, attempt: int, offset: int | None, limit: int) -> LogChunk | None:
         """The attempt's ``attempt-N.log``: every rank's stdout and stderr, as torchrun writes them."""
         return read_chunk(attempt_log(self.workdir, job_id, attempt), offset, limit)
@@ -210,7 +148,7 @@ class LocalExecutor:
                 else:
                     command += [f"--nnodes={nnodes}", f"--node-rank={node_rank}", "--rdzv-backend=c10d"]
                     command += [f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id={launch.job_id}-{launch.attempt}"]
-                command += ["-m", "frenzy_opt.launch.train", "--job", "job.json", "--plan", "plan.json"]
+                command += ["-m", "frenzy_opt.launch.worker.train", "--job", "job.json", "--plan", "plan.json"]
                 command += ["--steps", str(steps), "--report", str(report)]
                 command += ["--checkpoint-dir", "checkpoints", "--checkpoint-every", str(self.checkpoint_every)]
                 if not cuda:
@@ -226,13 +164,17 @@ class LocalExecutor:
         (job_dir / "pids").write_text(json.dumps(pids), encoding="utf-8")
         threading.Thread(target=self._watch, args=(attempt, report, log), daemon=True).start()
 
-    def cancel(self, job_id: str) -> None:
+    def cancel(self, job_id: str, why: str | None = None) -> None:
         with self._lock:
             attempt = self._attempts.get(job_id)
             if attempt is not None:
                 attempt.cancelled = True
         if attempt is not None:
             self._stop(attempt.pgids)
+            if why:  # the attempt's log says what stopped it (the ranks' output ends with the signal)
+                path = attempt_log(self.workdir, job_id, attempt.attempt)
+                with contextlib.suppress(OSError), open(path, "a", encoding="utf-8") as out:
+                    out.write(f"frenzy: attempt stopped: {why}\n")
 
     def running(self) -> set[str]:
         """Jobs to adopt after a restart: those whose pid files (this process's or an earlier one's) name a
@@ -372,7 +314,7 @@ def _read(path: Path) -> list[dict[str, Any]]:
 
 def _ended(records: list[dict[str, Any]]) -> bool:
     """Whether a report ends with the worker's ``end`` record (written after the last step by
-    :mod:`frenzy_opt.launch.train`)."""
+    :mod:`frenzy_opt.launch.worker.train`)."""
     return bool(records) and records[-1].get("event") == "end"
 
 

@@ -1,5 +1,5 @@
 """The Ray executor: for clusters beyond one machine, a placement becomes a Ray placement group and one Ray
-actor per rank running the training worker (:mod:`frenzy_opt.launch.train`) in-process.
+actor per rank running the training worker (:mod:`frenzy_opt.launch.worker.train`) in-process.
 
 * **Placement group**: one bundle per rank, ``{"CPU": 1, "gpu_type:<GPU type>": 1}`` (plus ``"GPU": 1`` where
   Ray sees GPUs), and ``"frenzy_node:<node name>": 1`` when the Ray cluster advertises that resource — so the
@@ -8,8 +8,8 @@ actor per rank running the training worker (:mod:`frenzy_opt.launch.train`) in-p
   placement inside one node, ``SPREAD`` beyond.
 * **Process group**: the actors set up the same torch.distributed process group torchrun would — rank 0
   picks its node's address and a free port, every actor gets ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
-  ``MASTER_ADDR``, ``MASTER_PORT`` — and each runs ``python -m frenzy_opt.launch.train`` as its child with the job
-  and plan files written to the run folder (``WORKDIR/<job>/``, a shared file system across Ray nodes, as
+  ``MASTER_ADDR``, ``MASTER_PORT`` — and each runs ``python -m frenzy_opt.launch.worker.train`` as its child
+  with the job and plan files written to the run folder (``WORKDIR/<job>/``, a shared file system across Ray nodes, as
   checkpoints need anyway).
 * **End**: success when every actor returned; failure (with the first error) when one raised or died, after
   which the others are killed and the placement group removed. Rank 0 returns its report lines, from which
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from frenzy_opt.launch.executors import ExitInfo, Launch, LogChunk, OnExit, OnReport, attempt_log, read_chunk
-from frenzy_opt.launch.executors.local import job_plan_supported, plan_supported, prepare_run, summarize
+from frenzy_opt.launch.executors.common import job_plan_supported, plan_supported, prepare_run, summarize
 from frenzy_opt.models.arch import ModelArch
 from frenzy_opt.planning.plans import Plan
 from frenzy_opt.planning.problem import PlanFilter
@@ -55,7 +55,7 @@ def _actor_class() -> Any:
             # driver's source tree (Ray puts the driver's folder on its workers' path) and whose
             # torch.distributed state ends with it. Its output goes, line by line and marked with its rank,
             # to the attempt's log, which every rank appends to (as torchrun's ``[rank]`` prefixes do).
-            command = [sys.executable, "-m", "frenzy_opt.launch.train", *argv]
+            command = [sys.executable, "-m", "frenzy_opt.launch.worker.train", *argv]
             child_env = {**os.environ, **env, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
             last: collections.deque[str] = collections.deque(maxlen=3)
             with (
@@ -111,6 +111,10 @@ class RayExecutor:
 
     def plan_filter(self) -> PlanFilter:
         return job_plan_supported
+
+    def placement_problem(self, gpu_type: str, gpus_per_node: int) -> str | None:
+        """None: the Ray cluster's own resources decide (a placement group waits until its bundles fit)."""
+        return None
 
     def read_log(self, job_id: str, attempt: int, offset: int | None, limit: int) -> LogChunk | None:
         """The attempt's ``attempt-N.log`` in the run folder: every rank's output, each line marked
@@ -211,7 +215,8 @@ class RayExecutor:
         remove_placement_group(group)
         return False
 
-    def cancel(self, job_id: str) -> None:
+    def cancel(self, job_id: str, why: str | None = None) -> None:
+        """Tear the job's actors down (``why`` is not kept: Ray's actor logs are its own)."""
         self._teardown(job_id)
 
     def running(self) -> set[str]:

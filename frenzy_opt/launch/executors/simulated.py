@@ -40,6 +40,8 @@ class _Log:
     fails: bool
     ended: float | None = None
     cancelled: bool = False
+    why: str | None = None
+    """Why it was stopped (a move of the scheduler's), when the orchestrator said."""
 
     def text(self, now: float) -> str:
         launch, plan = self.launch, self.launch.option.plan
@@ -60,7 +62,7 @@ class _Log:
             )
         if self.ended is not None:
             if self.cancelled:
-                lines.append("stopped: the attempt was cancelled")
+                lines.append(f"stopped: {self.why}" if self.why else "stopped: the attempt was cancelled")
             elif self.fails:
                 lines.append("failed: simulated failure (rank 0 exited with code 1)")
             else:
@@ -118,12 +120,12 @@ class SimulatedExecutor:
                 self._logs.popitem(last=False)
         timer.start()
 
-    def cancel(self, job_id: str) -> None:
+    def cancel(self, job_id: str, why: str | None = None) -> None:
         with self._lock:
             timer = self._timers.pop(job_id, None)
             log = self._current.pop(job_id, None)
             if log is not None and log.ended is None:
-                log.ended, log.cancelled = time.monotonic(), True
+                log.ended, log.cancelled, log.why = time.monotonic(), True, why
         if timer is not None:
             timer.cancel()
 
@@ -147,6 +149,10 @@ class SimulatedExecutor:
 
     def plan_filter(self) -> None:
         """None: it supports every plan."""
+        return None
+
+    def placement_problem(self, gpu_type: str, gpus_per_node: int) -> str | None:
+        """None: simulated GPUs are wherever the cluster file says."""
         return None
 
     def adopt(self, job_id: str, attempt: int, on_exit: OnExit) -> None:

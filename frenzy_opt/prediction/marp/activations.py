@@ -34,6 +34,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
+from frenzy_opt.core.enums import Precision, Recompute, Runtime
 from frenzy_opt.core.spec import ParallelConfig, TrainingConfig
 from frenzy_opt.models.arch import ModelArch
 from frenzy_opt.prediction.marp.layout import fp8_saves_fp8_inputs
@@ -94,7 +95,7 @@ def dims(arch: ModelArch, training: TrainingConfig, parallel: ParallelConfig) ->
     tp = parallel.tp
     d = arch.kv_channels
     s = math.ceil(training.seq_len / parallel.cp)
-    a = 4 if training.precision == "fp32" else 2
+    a = 4 if training.precision == Precision.FP32 else 2
     return Dims(
         b=training.micro_batch_size,
         s=s,
@@ -106,11 +107,11 @@ def dims(arch: ModelArch, training: TrainingConfig, parallel: ParallelConfig) ->
         ffn=arch.ffn_hidden_size // tp,
         vocab=math.ceil(arch.vocab_size / tp),
         a=a,
-        a_linear=1 if training.precision == "fp8" and fp8_saves_fp8_inputs(training.runtime) else a,
+        a_linear=1 if training.precision == Precision.FP8 and fp8_saves_fp8_inputs(training.runtime) else a,
         sp=tp if parallel.sequence_parallel else 1,
-        sp_linear=tp if parallel.sequence_parallel and training.runtime != "fsdp2" else 1,
+        sp_linear=tp if parallel.sequence_parallel and training.runtime != Runtime.FSDP2 else 1,
         runtime=training.runtime,
-        fused_swiglu=training.runtime == "megatron" and not NATIVE_OPS.get(),
+        fused_swiglu=training.runtime == Runtime.MEGATRON and not NATIVE_OPS.get(),
     )
 
 
@@ -146,7 +147,7 @@ def _attention_core_bytes(arch: ModelArch, x: Dims, attention: str, recompute: s
     dropout output (with its mask) under attention dropout, else a 16-bit cast of an fp32 softmax output
     (nothing when the softmax output already has the matmul's format). With grouped-query attention the
     k/v heads are expanded to the query heads and kept by the matmuls."""
-    if recompute == "selective":
+    if recompute == Recompute.SELECTIVE:
         return 0
     if attention == "flash":
         # Log-sum-exp per query row, fp32 (Dao et al. 2022, Alg. 2 output L).
@@ -154,8 +155,8 @@ def _attention_core_bytes(arch: ModelArch, x: Dims, attention: str, recompute: s
     probs = x.b * x.heads * x.s * x.s
     expanded_kv = 2 * x.a * x.tokens * (x.hq - x.hkv)
     native = NATIVE_OPS.get()
-    unfused = x.runtime == "megatron" and not _fused_softmax_applies(x)
-    softmax = FP32 if x.a == FP32 or x.runtime == "hf" or native or unfused else x.a
+    unfused = x.runtime == Runtime.MEGATRON and not _fused_softmax_applies(x)
+    softmax = FP32 if x.a == FP32 or x.runtime == Runtime.HF or native or unfused else x.a
     if arch.attention_dropout > 0:
         matmul_input = MASK + x.a
     else:
@@ -172,7 +173,7 @@ def layer_buffer_bytes(arch: ModelArch, training: TrainingConfig, parallel: Para
     (``ComplexRoPE._precompute_cache``, ``torchtitan/models/common/rope.py``), ``max_seq_len`` set to
     ``training.seq_len`` by ``Decoder.Config.update_from_config`` (``torchtitan/models/common/decoder.py``);
     FSDP2 does not shard buffers: ``8 x seq_len x d / 2`` per block. 0 for the other runtimes."""
-    if training.runtime != "fsdp2" or arch.position_embedding != "rope":
+    if training.runtime != Runtime.FSDP2 or arch.position_embedding != "rope":
         return 0
     return 8 * training.seq_len * (arch.kv_channels // 2)
 
@@ -219,12 +220,12 @@ def mlp_part_bytes(arch: ModelArch, training: TrainingConfig, parallel: Parallel
 def layer_bytes(arch: ModelArch, training: TrainingConfig, parallel: ParallelConfig) -> int:
     """Activations one block keeps for backward, one micro-batch, one rank."""
     x = dims(arch, training, parallel)
-    if parallel.recompute == "full":
+    if parallel.recompute == Recompute.FULL:
         return x.a * x.tokens * x.h // x.sp
-    if parallel.recompute == "selective" and x.runtime == "fsdp2":
+    if parallel.recompute == Recompute.SELECTIVE and x.runtime == Runtime.FSDP2:
         return op_sac_bytes(arch, x)
     qkv = x.a * x.tokens * (x.hq + 2 * x.hkv)
-    if x.runtime == "megatron" and arch.position_embedding == "rope" and not NATIVE_OPS.get():
+    if x.runtime == Runtime.MEGATRON and arch.position_embedding == "rope" and not NATIVE_OPS.get():
         # Megatron-core splits q, k, v as views of the fused QKV GEMM output, which stays alive, and
         # applies RoPE out of place: the rotated q and k are kept too (trace path finding M2).
         qkv += x.a * x.tokens * (x.hq + x.hkv)
@@ -253,8 +254,8 @@ def op_sac_bytes(arch: ModelArch, x: Dims) -> int:
 def recompute_bytes(arch: ModelArch, training: TrainingConfig, parallel: ParallelConfig) -> int:
     """Extra activations alive while one block is recomputed during backward (full recompute, and
     torchtitan's op-level selective recompute, which re-runs the block's unsaved ops)."""
-    selective_sac = parallel.recompute == "selective" and training.runtime == "fsdp2"
-    if parallel.recompute != "full" and not selective_sac:
+    selective_sac = parallel.recompute == Recompute.SELECTIVE and training.runtime == Runtime.FSDP2
+    if parallel.recompute != Recompute.FULL and not selective_sac:
         return 0
     full = ParallelConfig(**{**parallel.to_dict(), "recompute": "none"})
     return layer_bytes(arch, training, full)
@@ -330,7 +331,7 @@ def loss_chunk_bytes(arch: ModelArch, training: TrainingConfig, parallel: Parall
 def fused_cross_entropy(runtime: str) -> bool:
     """Megatron-core's vocab-parallel cross entropy (``_VocabParallelCrossEntropy``) works in place on the
     fp32 logits and saves their softmax; its backward turns that softmax into the gradient in place."""
-    return runtime == "megatron" and not NATIVE_OPS.get()
+    return runtime == Runtime.MEGATRON and not NATIVE_OPS.get()
 
 
 def loss_backward_transient_bytes(arch: ModelArch, training: TrainingConfig, parallel: ParallelConfig) -> int:
@@ -397,7 +398,7 @@ def persistent_buffer_bytes(arch: ModelArch, training: TrainingConfig, parallel:
       (``models/common/embeddings/rotary_pos_embedding.py``).
 
     0 for the other runtimes and for the reference decoder (:func:`native_operators`)."""
-    if training.runtime != "megatron" or NATIVE_OPS.get():
+    if training.runtime != Runtime.MEGATRON or NATIVE_OPS.get():
         return 0
     x = dims(arch, training, parallel)
     gather = x.a * x.tokens * x.h if parallel.sequence_parallel and parallel.tp > 1 else 0

@@ -37,6 +37,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from frenzy_opt.core.enums import Runtime
 from frenzy_opt.core.spec import ParallelConfig
 from frenzy_opt.prediction.marp.allocator import CachingAllocatorModel, MemEvent
 
@@ -62,7 +63,7 @@ def library_workspace_bytes(runtime: str, architecture: str | None) -> int:
     Engine's under Megatron-core. An unknown architecture takes the larger (Hopper) sizes."""
     large = architecture is None or architecture in LARGE_WORKSPACE_ARCHITECTURES
     total = TORCH_CUBLAS_WORKSPACE[large]
-    if runtime == "megatron":
+    if runtime == Runtime.MEGATRON:
         total += TE_WORKSPACE[large]
     return total
 
@@ -90,7 +91,7 @@ def communicators(runtime: str, parallel: ParallelConfig) -> tuple[int, ...]:
     sizes = [p.tp, p.pp, p.dp, p.cp]
     if runtime in ("megatron", "fsdp2") and p.cp > 1 and p.dp > 1:
         sizes.append(p.dp * p.cp)
-    if runtime == "megatron":
+    if runtime == Runtime.MEGATRON:
         sizes.append(p.tp * p.pp)
         if p.pp > 1:
             sizes.append(2)  # the embedding group: first and last stage

@@ -37,6 +37,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
+from frenzy_opt.core.enums import Precision, Runtime
 from frenzy_opt.core.spec import ParallelConfig, TrainingConfig, check_zero_stage
 
 # Bytes per element of each number format (IEEE 754 binary32/binary16, bfloat16, OCP FP8 spec).
@@ -90,13 +91,13 @@ def optimizer_state_bytes(optimizer: str) -> float:
 def fp8_weight_cache_bytes(runtime: str) -> float:
     """Bytes per parameter of fp8 weight copies kept through a step (see the module docstring): 2 under
     Transformer Engine (fp8 data + its transpose), 0 under torchao (fsdp2: casts per GEMM)."""
-    return 0.0 if runtime == "fsdp2" else 2.0
+    return 0.0 if runtime == Runtime.FSDP2 else 2.0
 
 
 def fp8_saves_fp8_inputs(runtime: str) -> bool:
     """Whether linear layers save their inputs in fp8 for backward (Transformer Engine) rather than in
     16-bit (torchao's Float8Linear, fsdp2)."""
-    return runtime != "fsdp2"
+    return runtime != Runtime.FSDP2
 
 
 def fp8_param_gather(training: TrainingConfig, zero: int) -> bool:
@@ -105,9 +106,9 @@ def fp8_param_gather(training: TrainingConfig, zero: int) -> bool:
     (``--fp8-param-gather``: fp8 parameters) and to fsdp2 fp8 (torchao's ``enable_fsdp_float8_all_gather``,
     as torchtitan's ``float8.enable_fsdp_float8_all_gather`` sets it: the fp32 shard is cast to fp8 before
     the all-gather, so the gathered copy of a block is 1 byte per parameter)."""
-    if training.precision != "fp8" or training.fp8_param_gather is False:
+    if training.precision != Precision.FP8 or training.fp8_param_gather is False:
         return False
-    return (training.runtime == "megatron" and zero >= 1) or training.runtime == "fsdp2"
+    return (training.runtime == Runtime.MEGATRON and zero >= 1) or training.runtime == Runtime.FSDP2
 
 
 def state_layout(training: TrainingConfig, parallel: ParallelConfig) -> StateLayout:
@@ -127,12 +128,12 @@ def state_layout(training: TrainingConfig, parallel: ParallelConfig) -> StateLay
 def state_layout_for(
     runtime: str, precision: str, optimizer: str, zero: int, data_parallel: bool, fp8_params: bool = False
 ) -> StateLayout:
-    mixed = precision != "fp32"
+    mixed = precision != Precision.FP32
     compute = 4 if not mixed else 2
     opt = optimizer_state_bytes(optimizer)
-    fp8_cache = fp8_weight_cache_bytes(runtime) if precision == "fp8" else 0.0
+    fp8_cache = fp8_weight_cache_bytes(runtime) if precision == Precision.FP8 else 0.0
     master = 4.0 if mixed else 0.0
-    if runtime == "megatron":
+    if runtime == Runtime.MEGATRON:
         # zero_stage 2/3 = Megatron FSDP: the fp32 main_grad buffer and (3) the 16-bit weights sharded too.
         # fp8 parameters (--fp8-param-gather): the parameter itself is the fp8 copy (1 byte) and only its
         # transpose is cached (1 byte): Transformer Engine's Float8Tensor keeps ``_data`` and ``_transpose``.
@@ -144,7 +145,7 @@ def state_layout_for(
             gathered_weight_bytes=weight if zero >= 3 else 0, gathered_grad_bytes=4 if zero >= 2 else 0,
             transient_grad_bytes=compute,
         )  # fmt: skip
-    if runtime == "deepspeed":
+    if runtime == Runtime.DEEPSPEED:
         return StateLayout(
             compute_bytes=compute, weight_bytes=compute, grad_bytes=compute, master_bytes=master,
             optimizer_bytes=opt, shard_weights=zero >= 3, shard_grads=zero >= 2, shard_optimizer=zero >= 1,
@@ -152,7 +153,7 @@ def state_layout_for(
             gathered_weight_bytes=compute if zero >= 3 else 0, gathered_grad_bytes=compute if zero >= 2 else 0,
             transient_grad_bytes=0,
         )  # fmt: skip
-    if runtime == "fsdp2":
+    if runtime == Runtime.FSDP2:
         # The fp32 sharded parameters are the master copy: no separate master weights.
         return StateLayout(
             compute_bytes=compute, weight_bytes=4, grad_bytes=4, master_bytes=0.0, optimizer_bytes=opt,

@@ -1,4 +1,4 @@
-"""The training worker: ``torchrun … -m frenzy_opt.launch.train --job JOB.json --plan PLAN.json`` trains the
+"""The training worker: ``torchrun … -m frenzy_opt.launch.worker.train --job JOB.json --plan PLAN.json`` trains the
 reference decoder (``models/reference.py``) of a job spec with the parallel plan frenzy-opt chose.
 
 Parallelism, on a device mesh ``(pp, dp, tp)`` (``torch.distributed.device_mesh``):
@@ -70,10 +70,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from frenzy_opt.core.spec import JobSpec, ParallelConfig, parse_job, plan_layout
-from frenzy_opt.launch.executors.local import worker_supports
+from frenzy_opt.core.partition import chunk_layer_counts
+from frenzy_opt.core.spec import JobSpec, ParallelConfig, check_runtime, parse_job, plan_layout
+from frenzy_opt.launch.worker.support import worker_supports
 from frenzy_opt.models.reference import ReferenceDecoder
-from frenzy_opt.prediction.marp.stages import chunk_layer_counts
 
 SUPPORTED = "dp, tp (+ sequence parallel), pp, vpp, zero_stage 0-3, recompute, micro-batching (cp and ep are not)"
 
@@ -100,6 +100,10 @@ def check_plan(job: JobSpec, parallel: ParallelConfig, micro_batch_size: int, wo
     reason = worker_supports(parallel, job.model, num_micro)
     if reason is not None:
         raise ValueError(f"train: the worker runs {SUPPORTED}; not {reason}")
+    try:  # the job's runtime's row of frenzy_opt.core.runtimes.CAPABILITIES: what the job asked to run on
+        check_runtime(job.training, parallel)
+    except ValueError as err:
+        raise ValueError(f"train: {err}") from None
     if parallel.num_gpus != world:
         raise ValueError(f"train: plan needs dp x tp x pp = {parallel.num_gpus} ranks, torchrun started {world}")
     arch = job.model
@@ -535,7 +539,9 @@ def _load_plans(job: JobSpec, path: str) -> list[tuple[JobSpec, ParallelConfig]]
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m frenzy_opt.launch.train", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m frenzy_opt.launch.worker.train", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--job", required=True, help="job spec (contract 1, JSON or YAML)")
     parser.add_argument(
         "--plan",
