@@ -35,7 +35,7 @@ from frenzy_opt.simulation.simulator import Action, SimJob, SimulationError, Sta
 from frenzy_opt.simulation.view import ClusterView
 from frenzy_opt.solvers.base import register_policy
 from frenzy_opt.solvers.cpsat import CpSatSolver
-from frenzy_opt.solvers.greedy import GreedyState
+from frenzy_opt.solvers.greedy import PRICED_JOBS, GreedyState
 
 
 def place(view: ClusterView, option: Option, free: list[int] | None = None) -> tuple[int, ...] | None:
@@ -95,6 +95,7 @@ class FrenzyPolicy(_Base):
         queue_price: float = 1.0,
         patient: bool | None = None,
         review_every_s: float = 60.0,
+        priced_jobs: int | None = PRICED_JOBS,
     ) -> None:
         super().__init__()
         if review_every_s < 0:
@@ -109,6 +110,8 @@ class FrenzyPolicy(_Base):
         self.queue_price = queue_price
         self.patient = not preempt if patient is None else patient
         self.review_every_s = review_every_s
+        self.priced_jobs = priced_jobs
+        """The greedy decision's bound (:data:`~frenzy_opt.solvers.greedy.PRICED_JOBS`; None: unbounded)."""
         self._next_review = 0.0
         self.state: GreedyState | None = None
         self._options: dict[str, dict[int, Option]] = {}
@@ -122,7 +125,10 @@ class FrenzyPolicy(_Base):
     def attach(self, view: ClusterView) -> None:
         super().attach(view)
         self.state = GreedyState(
-            SchedulingProblem(topology=view.topology, jobs=()), queue_price=self.queue_price, patient=self.patient
+            SchedulingProblem(topology=view.topology, jobs=()),
+            queue_price=self.queue_price,
+            patient=self.patient,
+            priced_jobs=self.priced_jobs,
         )
 
     def _step_s(self, job: SimJob, option: Option) -> float:

@@ -280,8 +280,8 @@ def test_the_incremental_queue_order_is_the_full_sort(steps: list[tuple[str, int
         elif op == "pop":
             state.queue.pop(job_id, None)
         else:
-            assert state._ranked() == sorted(state.queue.values(), key=state._rank)
-    assert state._ranked() == sorted(state.queue.values(), key=state._rank)
+            assert state._ranked().jobs == sorted(state.queue.values(), key=state._rank)
+    assert state._ranked().jobs == sorted(state.queue.values(), key=state._rank)
 
 
 def test_the_option_cache_is_bounded_and_keeps_what_is_used() -> None:

@@ -1,0 +1,188 @@
+"""The greedy HAS's queue index: what one decision of :class:`frenzy_opt.solvers.greedy.GreedyState` reads of the
+queue without walking it.
+
+* :class:`Queue`: the queue as a dict that notes the ids put or taken, so the index is brought up to date from
+  the changes alone.
+* :class:`RankOrder`: the queued jobs sorted by their rank key, kept by bisection as jobs are put and leave (a
+  decision iterates it in place, and finds a job's position by bisection); with it
+
+  - the weight queued in all (the first job's "weight behind" in the marginal cost), a running sum;
+  - per GPU type, the keys of the queued jobs by the fewest GPUs any of their options takes on the type (a few
+    distinct counts: 1 to the node size, a few whole-node counts), each list in rank order: the jobs that can
+    fit the type's largest free block now are the lists of needs up to that block, merged in rank order
+    (:meth:`RankOrder.fitting`), so a decision looks at no job that fits nowhere;
+  - per GPU type, the GPU-seconds the queued jobs last planned to wait for there (:meth:`RankOrder.plan`; a job
+    never planned counts its option of fewest GPU-seconds, the plan the marginal cost picks behind a long
+    queue), a running sum: the work a bounded decision did not price still counts in the queue ahead.
+
+Every update costs a bisection and a list insertion or deletion (a memory move, O(queue) at C speed); nothing
+here runs Python code per queued job.
+"""
+
+from __future__ import annotations
+
+import bisect
+import heapq
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from frenzy_opt.planning.problem import ProblemJob
+
+RankKey = tuple[float, float, float, str]
+
+
+class Queue(dict[str, ProblemJob]):
+    """The queue: a dict that notes the ids put or taken since the index was last brought up to date
+    (:meth:`RankOrder.sync`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.touched: list[str] = list(self)
+
+    def __setitem__(self, key: str, value: ProblemJob) -> None:
+        super().__setitem__(key, value)
+        self.touched.append(key)
+
+    def __delitem__(self, key: str) -> None:
+        super().__delitem__(key)
+        self.touched.append(key)
+
+    def pop(self, key: str, *default: Any) -> Any:
+        self.touched.append(key)
+        return super().pop(key, *default)
+
+    def popitem(self) -> tuple[str, ProblemJob]:
+        key, job = super().popitem()
+        self.touched.append(key)
+        return key, job
+
+    def clear(self) -> None:
+        self.touched += list(self)
+        super().clear()
+
+    def setdefault(self, key: str, default: Any = None) -> Any:
+        if key not in self:
+            self[key] = default
+        return self[key]
+
+    def update(self, *args: Any, **kwargs: Any) -> None:
+        for key, value in dict(*args, **kwargs).items():
+            self[key] = value
+
+
+def fewest_gpus(job: ProblemJob) -> dict[str, int]:
+    """The fewest GPUs any of the job's options takes, per GPU type it has options on."""
+    fewest: dict[str, int] = {}
+    for option in job.options:
+        fewest[option.gpu_type] = min(option.num_gpus, fewest.get(option.gpu_type, option.num_gpus))
+    return fewest
+
+
+def leanest_work(job: ProblemJob) -> tuple[str, float]:
+    """The GPU type and GPU-seconds of the job's option of fewest GPU-seconds ("", 0 without options)."""
+    option = min(job.options, key=lambda o: o.num_gpus * o.duration_s, default=None)
+    return ("", 0.0) if option is None else (option.gpu_type, option.num_gpus * option.duration_s)
+
+
+class RankOrder:
+    """Queued jobs sorted by their rank key (unique: it ends with the job's id), with the sums and the per-type
+    need lists of the module docstring."""
+
+    def __init__(self) -> None:
+        self.keys: list[RankKey] = []
+        self.jobs: list[ProblemJob] = []
+        self.of: dict[str, tuple[RankKey, ProblemJob]] = {}
+        self.weight = 0.0
+        """The weight of every queued job."""
+        self.needs: dict[str, dict[int, list[RankKey]]] = {}
+        """Per GPU type, per fewest GPU count there: the keys of the jobs of that need, in rank order."""
+        self.fewest: dict[str, dict[str, int]] = {}
+        self.planned: dict[str, tuple[str, float]] = {}
+        """Per queued job: the GPU type and GPU-seconds it last planned to wait for (see :meth:`plan`)."""
+        self.planned_work: dict[str, float] = {}
+        """Per GPU type: the sum of :attr:`planned` there."""
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+    def put(self, key: RankKey, job: ProblemJob) -> None:
+        """Insert ``job`` under ``key`` (replacing the job of the same id, if any)."""
+        self.drop(job.id)
+        i = bisect.bisect_left(self.keys, key)
+        self.keys.insert(i, key)
+        self.jobs.insert(i, job)
+        self.of[job.id] = (key, job)
+        self.weight += job.weight
+        fewest = self.fewest[job.id] = fewest_gpus(job)
+        for gpu_type, need in fewest.items():
+            bisect.insort(self.needs.setdefault(gpu_type, {}).setdefault(need, []), key)
+        self.plan(job.id, *leanest_work(job))
+
+    def drop(self, job_id: str) -> None:
+        """Remove the job of id ``job_id`` if it is here."""
+        found = self.of.pop(job_id, None)
+        if found is None:
+            return
+        key, job = found
+        i = bisect.bisect_left(self.keys, key)
+        assert self.jobs[i] is job
+        del self.keys[i]
+        del self.jobs[i]
+        self.weight = self.weight - job.weight if self.of else 0.0  # no drift left once the queue is empty
+        for gpu_type, need in self.fewest.pop(job_id).items():
+            keys = self.needs[gpu_type][need]
+            del keys[bisect.bisect_left(keys, key)]
+        self.plan(job_id, "", 0.0)
+        del self.planned[job_id]
+        if not self.of:
+            self.planned_work = {}
+
+    def plan(self, job_id: str, gpu_type: str, work: float) -> None:
+        """The job now plans ``work`` GPU-seconds on ``gpu_type`` (it chose to wait for such an option)."""
+        old_type, old_work = self.planned.get(job_id, ("", 0.0))
+        if old_type:
+            self.planned_work[old_type] = max(self.planned_work[old_type] - old_work, 0.0)
+        if gpu_type:
+            self.planned_work[gpu_type] = self.planned_work.get(gpu_type, 0.0) + work
+        self.planned[job_id] = (gpu_type, work)
+
+    def position(self, key: RankKey) -> int:
+        """How many queued jobs rank before ``key``."""
+        return bisect.bisect_left(self.keys, key)
+
+    def fitting(self, reach: dict[str, int], after: RankKey | None) -> Iterator[ProblemJob]:
+        """The queued jobs ranked after ``after`` (all: None) whose fewest GPUs on some type are at most that
+        type's ``reach``, in rank order, each once: a merge of the need lists up to each reach."""
+        lists: list[Iterator[RankKey]] = []
+        for gpu_type, most in reach.items():
+            for need, keys in self.needs.get(gpu_type, {}).items():
+                if need <= most and keys:
+                    start = 0 if after is None else bisect.bisect_right(keys, after)
+                    if start < len(keys):
+                        lists.append(_tail(keys, start))
+        last = None
+        for key in heapq.merge(*lists):
+            if key != last:
+                last = key
+                yield self.of[key[3]][1]
+
+    def sync(
+        self, touched: Sequence[str], current: Callable[[str], ProblemJob | None], rank: Callable[[ProblemJob], RankKey]
+    ) -> None:
+        """Bring the order up to date for the ids ``touched`` since the last sync: ``current(id)`` is the job
+        queued under that id now (None: none)."""
+        for job_id in touched:
+            job = current(job_id)
+            held = self.of.get(job_id)
+            if held is not None and held[1] is job:
+                continue
+            if job is None:
+                self.drop(job_id)
+            else:
+                self.put(rank(job), job)
+
+
+def _tail(keys: list[RankKey], start: int) -> Iterator[RankKey]:
+    """``keys[start:]`` without the copy (read while no job enters or leaves the queue)."""
+    for i in range(start, len(keys)):
+        yield keys[i]

@@ -1,0 +1,233 @@
+"""The greedy's bounded decision (``GreedyState.priced_jobs``, ``backfill_tests``) and its queue index
+(solvers/greedy_index.py): with no more queued jobs than the bound, the same decisions as the unbounded one on
+random instances (several GPU types, jobs queued at once and arriving, occupancy, priorities, deadlines,
+admission, patient and impatient); with a deep queue, a decision prices at most the bound plus the jobs that
+could fit now; the index's order, sums and need lists equal a recomputation from the queue."""
+
+from __future__ import annotations
+
+import pytest
+from factories import synthetic_plan
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from frenzy_opt.hardware.cluster import parse_cluster
+from frenzy_opt.hardware.topology import Topology
+from frenzy_opt.planning.problem import Busy, Option, ProblemJob, SchedulingProblem
+from frenzy_opt.solvers.greedy import GreedyHAS, GreedyState, _reach
+from frenzy_opt.solvers.greedy_index import RankOrder, fewest_gpus, leanest_work
+
+TYPES = ("A100-SXM4-80GB", "H100-SXM5-80GB", "V100-SXM2-32GB")
+NODE = 4  # GPUs per node: small nodes so that whole-node shapes, fragments and reservations all occur
+TOPOLOGY = Topology(
+    parse_cluster(
+        {"node_groups": [{"gpu": gpu, "num_nodes": 3, "gpus_per_node": NODE} for gpu in TYPES]}  # 36 GPUs
+    )
+)
+SHAPES = (1, 2, 3, 4, 8, 12)
+
+
+@st.composite
+def options(draw: st.DrawFn) -> tuple[Option, ...]:
+    picked = draw(
+        st.lists(st.tuples(st.sampled_from(TYPES), st.sampled_from(SHAPES)), min_size=1, max_size=6, unique=True)
+    )
+    out = []
+    for gpu_type, num_gpus in picked:
+        duration = float(draw(st.integers(1, 400)) * 10)
+        plan = synthetic_plan(gpu_type, num_gpus, duration)
+        whole = num_gpus // NODE if num_gpus > NODE else 0
+        out.append(Option(gpu_type=gpu_type, num_gpus=num_gpus, whole_nodes=whole, duration_s=duration, plan=plan))
+    return tuple(out)
+
+
+@st.composite
+def jobs(draw: st.DrawFn) -> list[ProblemJob]:
+    count = draw(st.integers(1, 40))
+    out = []
+    for i in range(count):
+        at_once = draw(st.booleans())
+        out.append(
+            ProblemJob(
+                id=f"j{i:02d}",
+                arrival_s=0.0 if at_once else float(draw(st.integers(0, 3000))),
+                # weights whose sums are exact in binary floating point, as the decision order's sums assume
+                weight=draw(st.sampled_from((0.5, 1.0, 2.0, 3.0))),
+                options=draw(options()),
+                priority=draw(st.sampled_from((0, 0, 0, 1))),
+                deadline_s=draw(st.one_of(st.none(), st.integers(100, 6000).map(float))),
+            )
+        )
+    return out
+
+
+class _Quota:
+    """Admission that refuses one GPU type to the jobs of even number."""
+
+    def __init__(self, refused_type: str) -> None:
+        self.refused_type = refused_type
+
+    def allows(self, job: str, option: Option) -> bool:
+        return not (int(job[1:]) % 2 == 0 and option.gpu_type == self.refused_type)
+
+    def take(self, job: str, option: Option) -> None:
+        pass
+
+
+def _replay(
+    problem: SchedulingProblem, priced_jobs: int | None, patient: bool, quota: _Quota | None
+) -> list[tuple[object, ...]]:
+    """Every decision of an online replay (arrivals and completions) with what it waits for."""
+    state = GreedyState(problem, priced_jobs=priced_jobs, patient=patient)
+    arrivals = sorted(problem.jobs, key=lambda j: (j.arrival_s, j.id))
+    log: list[tuple[object, ...]] = []
+    i = 0
+    while i < len(arrivals) or state.queue:
+        next_arrival = arrivals[i].arrival_s if i < len(arrivals) else float("inf")
+        now = min(next_arrival, state.running[0][0] if state.running else float("inf"))
+        if now == float("inf"):
+            break  # nothing left can start (an option larger than its type)
+        state.complete_until(now)
+        while i < len(arrivals) and arrivals[i].arrival_s <= now:
+            state.queue[arrivals[i].id] = arrivals[i]
+            i += 1
+        started = state.decide(now, admit=quota)
+        log.append((now, [(a.job, a.option, a.nodes, a.start_s, a.end_s) for a in started], dict(state.waiting)))
+        if not started and not state.running and i == len(arrivals):
+            break  # what is left never fits
+    return log
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    jobs(),
+    st.booleans(),
+    st.one_of(st.none(), st.sampled_from(TYPES)),
+    st.lists(st.tuples(st.integers(0, 8), st.integers(1, NODE), st.integers(10, 2000)), max_size=5),
+)
+def test_a_bound_above_the_queue_decides_as_the_unbounded_decision(
+    queue: list[ProblemJob], patient: bool, refused: str | None, held: list[tuple[int, int, int]]
+) -> None:
+    busy, left = [], {n: NODE for n in range(len(TOPOLOGY.nodes))}
+    for node, gpus, until in held:
+        take = min(gpus, left[node])
+        if take:
+            busy.append(Busy(node=node, num_gpus=take, until_s=float(until)))
+            left[node] -= take
+    problem = SchedulingProblem(topology=TOPOLOGY, jobs=tuple(queue), busy=tuple(busy))
+    quota = None if refused is None else _Quota(refused)
+    unbounded = _replay(problem, None, patient, quota)
+    bounded = _replay(problem, len(queue), patient, quota)
+    assert bounded == unbounded
+    assert any(started for _, started, _ in unbounded) or not queue or refused is not None or busy
+
+
+def _deep_queue(count: int) -> list[ProblemJob]:
+    return [
+        ProblemJob(
+            id=f"j{i:03d}",
+            arrival_s=0.0,
+            weight=1.0 + i % 2,
+            options=tuple(
+                Option(
+                    gpu_type=gpu,
+                    num_gpus=n,
+                    whole_nodes=n // NODE if n > NODE else 0,
+                    duration_s=float(100 + (37 * i + 11 * n + 7 * k) % 900),
+                    plan=synthetic_plan(gpu, n, 1.0),
+                )
+                for k, gpu in enumerate(TYPES)
+                for n in ((2, 4, 8) if i % 3 else (4, 8))  # every third job needs at least 4 GPUs of a type
+            ),
+        )
+        for i in range(count)
+    ]
+
+
+@settings(max_examples=10, deadline=None)
+@given(st.integers(1, 12), st.integers(0, 6), st.booleans())
+def test_a_bounded_decision_prices_at_most_the_bound_and_the_jobs_that_fit(
+    priced_jobs: int, backfill_tests: int, patient: bool
+) -> None:
+    """On a deep queue queued at once: every decision prices at most ``priced_jobs`` jobs plus, among the later
+    ones, at most ``backfill_tests`` and only those whose fewest GPUs fit a type's largest free block when the
+    decision starts (counted here from the queue and the free GPUs, not from the index); every job still runs."""
+    problem = SchedulingProblem(topology=TOPOLOGY, jobs=tuple(_deep_queue(120)))
+    state = GreedyState(problem, priced_jobs=priced_jobs, backfill_tests=backfill_tests, patient=patient)
+    state.queue.update({job.id: job for job in problem.jobs})
+    now, started, bitten = 0.0, 0, False
+    while state.queue:
+        reach = {t: _reach(index) for t, index in state.free.items()}
+        order = sorted(state.queue.values(), key=state._rank)
+        fitting = sum(any(need <= reach[t] for t, need in fewest_gpus(job).items()) for job in order[priced_jobs:])
+        queued = len(state.queue)
+        started += len(state.decide(now))
+        assert state.priced <= priced_jobs + min(backfill_tests, fitting)
+        bitten |= state.priced < queued
+        now = state.running[0][0]
+        state.complete_until(now)
+    assert started == 120 and bitten
+
+
+def test_the_replay_solver_bounded_stays_close_to_the_unbounded_one() -> None:
+    """``frenzy solve``'s greedy on a deep queue queued at once: the default bound schedules every job, and its
+    sum of weighted completion times is within 10 % of the unbounded decision's (a loose guard; the measured
+    difference is in ``benchmarks/results/has_scale.md``)."""
+    problem = SchedulingProblem(topology=TOPOLOGY, jobs=tuple(_deep_queue(150)))
+    weights = {job.id: job.weight for job in problem.jobs}
+
+    def cost(priced_jobs: int | None) -> float:
+        schedule = GreedyHAS(priced_jobs=priced_jobs).solve(problem)
+        assert len(schedule.assignments) == 150
+        return sum(weights[a.job] * a.end_s for a in schedule.assignments)
+
+    assert cost(8) <= 1.1 * cost(None)
+
+
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 30), st.sampled_from(SHAPES)), max_size=80))
+def test_rank_order_is_the_queue_sorted_with_its_sums_and_need_lists(steps: list[tuple[bool, int, int]]) -> None:
+    order, queued = RankOrder(), {}
+    for put, n, gpus in steps:
+        job_id = f"j{n:02d}"
+        if put:
+            option = Option(
+                gpu_type=TYPES[n % 3],
+                num_gpus=gpus,
+                whole_nodes=gpus // NODE if gpus > NODE else 0,
+                duration_s=float(10 + n),
+                plan=synthetic_plan(TYPES[n % 3], gpus, 1.0),
+            )
+            job = ProblemJob(id=job_id, arrival_s=float(n % 7), weight=1.0 + n % 2, options=(option,))
+            queued[job_id] = job
+            order.put((0.0, -float(n % 5), float(n % 7), job_id), job)
+        else:
+            queued.pop(job_id, None)
+            order.drop(job_id)
+        expected = sorted(queued, key=lambda i: (-float(int(i[1:]) % 5), int(i[1:]) % 7, i))
+        assert [j.id for j in order.jobs] == expected
+        assert order.keys == sorted(order.keys)
+        assert order.weight == sum(job.weight for job in queued.values())
+        for t in TYPES:
+            work = sum(w for ty, w in map(leanest_work, queued.values()) if ty == t)
+            assert order.planned_work.get(t, 0.0) == pytest.approx(work)
+        reach = {TYPES[0]: 4, TYPES[1]: 8, TYPES[2]: 1}
+        fits = [i for i in expected if any(need <= reach[t] for t, need in fewest_gpus(queued[i]).items())]
+        assert [job.id for job in order.fitting(reach, None)] == fits
+        if expected:
+            after = order.of[expected[len(expected) // 2]][0]
+            assert [job.id for job in order.fitting(reach, after)] == [i for i in fits if order.of[i][0] > after]
+
+
+def test_plan_waits_prices_past_the_bound_and_leaves_planned_work_alone() -> None:
+    """The service's queue estimates: every one of the first ``limit`` jobs gets a planned start, even past a
+    decision's bound, and asking changes no job's planned work (so no later decision)."""
+    problem = SchedulingProblem(topology=TOPOLOGY, jobs=tuple(_deep_queue(60)))
+    state = GreedyState(problem, priced_jobs=4, backfill_tests=4)
+    state.queue.update({job.id: job for job in problem.jobs})
+    state.decide(0.0)
+    planned = dict(state._ranked().planned)  # the jobs started have left it
+    order, waits = state.plan_waits(0.0, limit=40)
+    assert len(order) == len(state.queue)
+    assert [job.id for job in order[:40]] == list(waits)
+    assert all(option is not None and start < float("inf") for option, start in waits.values())
+    assert state._ordered.planned == planned
