@@ -641,6 +641,10 @@ class Orchestrator:
             launches = self._decide(pending) if keep_going else []
         if not self._write(pending):
             return False  # stopped while the store could not write: recovery picks up from the store
+        for launch in launches:
+            self.executor.launch(launch, self._on_exit, self._on_report)
+        # Waiters (a submission asking for its decision) hear of it once its launch is under way: an answer
+        # that says "running" is followed by the attempt's logs, not by a 404 while the executor starts it.
         wake, self._wake = self._wake, []
         for waiter in wake:
             waiter.set()
@@ -651,8 +655,6 @@ class Orchestrator:
                 cancel.done.set_exception(err)
                 continue
             cancel.done.set_result("unknown" if record is None else record.state)
-        for launch in launches:
-            self.executor.launch(launch, self._on_exit, self._on_report)
         return keep_going
 
     def _new(self, records: tuple[JobRecord, ...], pending: _Pending) -> list[Submitted]:
