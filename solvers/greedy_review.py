@@ -53,6 +53,11 @@ class Move:
     why: str = ""
     """What the move gains and what it costs, in a sentence (the service logs it with the move)."""
 
+    def cut(self, options: tuple[Option, ...]) -> tuple[Option, ...]:
+        """The moved job's options when it rejoins the queue: those in ``[min_duration_s, max_duration_s)``,
+        or all of them if none is (a preemption keeps every option)."""
+        return tuple(o for o in options if self.min_duration_s <= o.duration_s < self.max_duration_s) or options
+
 
 def can_move(state: GreedyState, run: Running, now: float, max_restarts: int) -> bool:
     """Whether review may stop ``run``: a preemptible job (not a hold) that has run :data:`HYSTERESIS`

@@ -36,6 +36,7 @@ from frenzy_opt.simulation.view import ClusterView
 from frenzy_opt.solvers.base import register_policy
 from frenzy_opt.solvers.cpsat import CpSatSolver
 from frenzy_opt.solvers.greedy import PRICED_JOBS, GreedyState
+from frenzy_opt.solvers.greedy_review import Move
 
 
 def place(view: ClusterView, option: Option, free: list[int] | None = None) -> tuple[int, ...] | None:
@@ -164,10 +165,11 @@ class FrenzyPolicy(_Base):
         return seen
 
     def _scaled(
-        self, job: SimJob, remaining: float, max_duration_s: float = math.inf, min_duration_s: float = 0.0
+        self, job: SimJob, remaining: float, move: Move | None = None
     ) -> tuple[tuple[Option, ...], dict[int, Option]]:
-        """The job's options for ``remaining`` steps (restart included), Pareto per type, thinned; and the
-        one-step option each came from, by the scaled option's id."""
+        """The job's options for ``remaining`` steps (restart included), Pareto per type, thinned (and cut as
+        ``move`` allows, for a job the review moved); and the one-step option each came from, by the scaled
+        option's id."""
         assert self.view is not None
         state = self.view.jobs[job.id]
         restart = job.restart_s if state.starts else job.startup_s
@@ -195,17 +197,14 @@ class FrenzyPolicy(_Base):
                     last = duration
             fronts.append(front)
         chosen = thin_fronts(fronts, self.max_options_per_type)
-        if max_duration_s < math.inf:
-            shorter = tuple(o for o in chosen if min_duration_s <= o.duration_s < max_duration_s)
-            chosen = shorter or chosen
+        if move is not None:
+            chosen = move.cut(chosen)
         # Last first: the order the reports in benchmarks/results were measured with (ties keep it).
         return tuple(reversed(chosen)), {id(o): originals[id(o)] for o in chosen}
 
-    def _enqueue(
-        self, job: SimJob, remaining: float, max_duration_s: float = math.inf, min_duration_s: float = 0.0
-    ) -> None:
+    def _enqueue(self, job: SimJob, remaining: float, move: Move | None = None) -> None:
         assert self.state is not None
-        scaled, self._options[job.id] = self._scaled(job, remaining, max_duration_s, min_duration_s)
+        scaled, self._options[job.id] = self._scaled(job, remaining, move)
         self.state.queue[job.id] = ProblemJob(
             id=job.id,
             arrival_s=job.arrival_s,
@@ -284,7 +283,7 @@ class FrenzyPolicy(_Base):
                 remaining = self._remaining_now(move.job, now)
                 self._stopping.add(move.job)
                 stops.append(Stop(job=move.job))
-                self._enqueue(self.view.jobs[move.job].job, remaining, move.max_duration_s, move.min_duration_s)
+                self._enqueue(self.view.jobs[move.job].job, remaining, move)
             if moves:
                 assignments += self.state.decide(now)
         if self.preempt and self.review_every_s > 0 and self.state.by_job and now >= self._next_review:

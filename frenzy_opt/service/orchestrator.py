@@ -909,10 +909,7 @@ class Orchestrator:
             self.executor.cancel(move.job, f"{kind} by the scheduler, {move.why}" if move.why else kind)
             job.steps_left = left
             job.moves += 1
-            if move.max_duration_s < math.inf:  # it grows: only the plans the review's division allows
-                options = (
-                    tuple(o for o in options if move.min_duration_s <= o.duration_s < move.max_duration_s) or options
-                )
+            options = move.cut(options)  # a growth: only the plans the review's division allows
             why = "for a shorter job" if move.reason == "preempt" else "to grow into idle GPUs"
             pending.add(
                 move.job,
