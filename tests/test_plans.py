@@ -12,16 +12,8 @@ from hypothesis import strategies as st
 from frenzy_opt.core.spec import JobSpec, parse_job, plan_layout
 from frenzy_opt.hardware.cluster import ClusterSpec, parse_cluster
 from frenzy_opt.hardware.gpus import lookup_gpu
-from frenzy_opt.planning.plans import (
-    Plan,
-    _configs_at,
-    _dp_choices,
-    _shapes,
-    attention_on,
-    effective_precision,
-    enumerate_plans,
-    rank_plans,
-)
+from frenzy_opt.planning.candidates import attention_on, configs_at, dp_choices, effective_precision, shapes
+from frenzy_opt.planning.plans import Plan, enumerate_plans, rank_plans
 from frenzy_opt.prediction.marp.fit import SHIPPED_FIT
 from frenzy_opt.prediction.marp.predictor import predict_memory
 
@@ -44,9 +36,9 @@ def _brute_force(job: JobSpec, cluster: ClusterSpec) -> set[tuple[object, ...]]:
         attention = replace(job.parallel, attention=attention_on(gpu, job))  # eager where flash cannot run
         base = replace(job, training=replace(job.training, precision=precision), parallel=attention)
         max_gpus = cluster.num_gpus_of(gpu.name)
-        for shape in _shapes(job, cluster.gpus_per_node_of(gpu.name), max_gpus):
-            for dp in _dp_choices(job, shape, max_gpus):
-                for parallel in _configs_at(base, shape, dp):
+        for shape in shapes(job, cluster.gpus_per_node_of(gpu.name), max_gpus):
+            for dp in dp_choices(job, shape, max_gpus):
+                for parallel in configs_at(base, shape, dp):
                     candidate = base.with_parallel(parallel, micro_batch_size=shape.micro_batch_size)
                     required = int(SHIPPED_FIT.headroom_fraction * gpu.memory_bytes)
                     if predict_memory(candidate, gpu).required_upper_bytes + required <= gpu.memory_bytes:

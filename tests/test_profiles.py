@@ -14,7 +14,7 @@ from frenzy_opt.cli import main
 from frenzy_opt.core.spec import parse_job
 from frenzy_opt.hardware.gpus import lookup_gpu
 from frenzy_opt.hardware.topology import Links
-from frenzy_opt.planning.plans import MICRO_BATCH_CHOICES
+from frenzy_opt.planning.candidates import MICRO_BATCH_CHOICES
 from frenzy_opt.prediction import profiler
 from frenzy_opt.prediction.calibrations import CalibrationStore, add_profiles, resolve_model
 from frenzy_opt.prediction.profiles import LayerProfile, LayerShape, ProfileIndex, ProfilePoint

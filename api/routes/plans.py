@@ -10,7 +10,8 @@ from fastapi import APIRouter, HTTPException, Query
 from frenzy_opt.api.plansearch import MAX_TOP_PLANS, Throttled
 from frenzy_opt.api.schemas import JobIn, MicroBatchOut, PlanOut, PlansOut
 from frenzy_opt.api.service import Svc, Who, parse_spec, unprocessable
-from frenzy_opt.planning.plans import NoFeasiblePlan, micro_batch_summary
+from frenzy_opt.planning.candidates import micro_batch_summary
+from frenzy_opt.planning.plans import NoFeasiblePlan
 
 Top = Annotated[int, Query(ge=1, le=MAX_TOP_PLANS)]
 

@@ -15,8 +15,9 @@ from frenzy_opt.core.readable import parallel_text
 from frenzy_opt.core.spec import JobSpec, load_job
 from frenzy_opt.hardware.gpus import load_gpus, resolve_gpu
 from frenzy_opt.models.catalog import load_catalog
+from frenzy_opt.planning.candidates import micro_batch_summary
 from frenzy_opt.planning.export import to_k8s, to_slurm
-from frenzy_opt.planning.plans import Plan, PlanSearch, micro_batch_summary, search_or_fail
+from frenzy_opt.planning.plans import Plan, PlanSearch, search_or_fail
 from frenzy_opt.planning.scenario import load_cluster_ref, resolve
 from frenzy_opt.prediction.marp.predictor import MemoryPrediction, predict_memory
 

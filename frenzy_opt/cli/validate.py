@@ -268,7 +268,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         import torch
 
         gpu = resolve_gpu(args.gpu or torch.cuda.get_device_name(0))
-        from frenzy_opt.planning.plans import MICRO_BATCH_CHOICES
+        from frenzy_opt.planning.candidates import MICRO_BATCH_CHOICES
 
         micro = _int_list(args.micro_batches, "--micro-batches") or profiler.micro_batch_sizes(job, MICRO_BATCH_CHOICES)
         tps = _int_list(args.tp, "--tp") or profiler.tp_degrees(job)

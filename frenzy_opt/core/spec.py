@@ -40,7 +40,7 @@ class TrainingConfig:
     micro_batch_size: int = 1
     """Sequences per forward and backward pass on each data-parallel rank; the global batch must be a
     multiple of it. Unless ``pin_micro_batch`` is true the planner also tries the other sizes of
-    :data:`frenzy_opt.planning.plans.MICRO_BATCH_CHOICES` that divide the global batch, and each plan states
+    :data:`frenzy_opt.planning.candidates.MICRO_BATCH_CHOICES` that divide the global batch, and each plan states
     the one it uses."""
     pin_micro_batch: bool = False
     """Keep ``micro_batch_size`` in every plan (a data loader or a convergence recipe fixes it); false: the

@@ -44,7 +44,7 @@ def cuda_refusal() -> str | None:
 
 def micro_batch_sizes(job: JobSpec, choices: Sequence[int]) -> list[int]:
     """The micro-batch sizes the planner considers for ``job``: its pinned one, else every one of ``choices``
-    (the planner's, :data:`frenzy_opt.planning.plans.MICRO_BATCH_CHOICES`) that divides the global batch."""
+    (the planner's, :data:`frenzy_opt.planning.candidates.MICRO_BATCH_CHOICES`) that divides the global batch."""
     t = job.training
     if "micro_batch_size" in job.pinned:
         return [t.micro_batch_size]

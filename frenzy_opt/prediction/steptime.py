@@ -424,7 +424,7 @@ def peak_tflops(gpu: GpuType, precision: str) -> float:
         value = gpu.tf32_tflops or gpu.fp32_tflops
     else:
         value = gpu.fp16_tflops
-    if value is None:  # no tensor cores for this format: run it at fp16's rate (see plans.effective_precision)
+    if value is None:  # no tensor cores for this format: run it at fp16's rate (see candidates.effective_precision)
         value = gpu.fp16_tflops
     return float(value)
 

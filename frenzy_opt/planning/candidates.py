@@ -1,0 +1,263 @@
+"""Candidates: the parallel layouts a job's plan search tries, before any memory or time is predicted.
+
+A candidate fixes the full parallel config (dp, tp, pp, vpp, cp, ep, sequence parallelism, ZeRO stage,
+recompute, attention kernel) and the micro-batch size. Fields the job pins are kept; the others are
+searched. Validity is arithmetic (Megatron-LM's argument checks): tp divides the attention and kv heads and
+the ffn width and fits in one node; pp x vpp <= layers with layers divisible by pp (and by pp x vpp when
+interleaving, which also needs the micro-batch count divisible by pp); cp splits the sequence into 2 x cp
+chunks; ep divides the experts and dp; dp x micro-batch divides the global batch. Recompute is part of the
+search (less memory for more time, as in Lynx, Zhang et al. 2024).
+
+Two dominance rules shrink the space without losing a useful plan, and are skipped for pinned fields:
+sequence parallelism is on whenever tp > 1 (it divides activations by tp at the same communication volume,
+Korthikanti et al. 2022, Sec. 4.2.2), and Megatron's distributed optimizer is on whenever dp > 1 (it
+shards optimizer states at the all-reduce's volume, Megatron-LM docs "Distributed Optimizer");
+:func:`dominated` lists what they set aside.
+
+A GPU without bf16 (or fp8) tensor cores runs the job at the next format it has: bf16 -> fp16, fp8 ->
+bf16 -> fp16, as users do on V100/T4-class GPUs (:func:`effective_precision`).
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+from frenzy_opt.core.enums import Precision, Recompute
+from frenzy_opt.core.partition import chunk_layer_counts, split_rule
+from frenzy_opt.core.runtimes import capabilities
+from frenzy_opt.core.spec import ZERO_STAGES_BY_RUNTIME, JobSpec, ParallelConfig
+from frenzy_opt.hardware.gpus import GpuType
+from frenzy_opt.prediction.marp.activations import activation_terms_for
+from frenzy_opt.prediction.marp.layout import fp8_param_gather, state_layout_for
+from frenzy_opt.prediction.marp.predictor import param_terms
+from frenzy_opt.prediction.marp.stages import in_flight_layer_microbatches
+from frenzy_opt.prediction.steptime import FLASH_ARCHITECTURES
+
+MICRO_BATCH_CHOICES = (1, 2, 4, 8, 16)
+RECOMPUTE_ORDER = ("none", "selective", "full")
+
+
+def describe_layout(parallel: ParallelConfig, micro_batch_size: int) -> str:
+    """ "dp8 tp4 pp2 vpp2 zero1 selective mb2": the fields of a layout that are not at their defaults."""
+    p = parallel
+    parts = [f"dp{p.dp}"] + [
+        f"{k}{v}" for k, v in (("tp", p.tp), ("pp", p.pp), ("vpp", p.vpp), ("cp", p.cp), ("ep", p.ep)) if v > 1
+    ]
+    if p.sequence_parallel:
+        parts.append("sp")
+    parts += [f"zero{p.zero_stage}", f"recompute {p.recompute}", f"mb{micro_batch_size}"]
+    return " ".join(parts)
+
+
+def effective_precision(gpu: GpuType, precision: str) -> str:
+    """The format the job runs at on ``gpu`` (see module docstring)."""
+    if precision == Precision.FP8 and not gpu.supports("fp8"):
+        precision = "bf16"
+    if precision == Precision.BF16 and not gpu.supports("bf16"):
+        precision = "fp16"
+    return precision
+
+
+@functools.cache
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _choices(job: JobSpec, name: str, default: list[Any]) -> list[Any]:
+    return [getattr(job.parallel, name)] if name in job.pinned else default
+
+
+def _tp_choices(job: JobSpec, gpus_per_node: int) -> list[int]:
+    arch = job.model
+    ffn = arch.expert_ffn_size if arch.is_moe else arch.ffn_hidden_size
+    valid = [
+        tp
+        for tp in divisors(gpus_per_node)
+        if arch.num_attention_heads % tp == 0 and arch.num_kv_heads % tp == 0 and ffn % tp == 0
+    ]
+    return _choices(job, "tp", valid if capabilities(job.training.runtime).tp else [1])
+
+
+def _shape_choices(job: JobSpec) -> Iterator[tuple[int, int, int]]:
+    """(pp, vpp, cp) candidates, within what the job's runtime runs (:mod:`frenzy_opt.core.runtimes`)."""
+    layers, seq = job.model.num_layers, job.training.seq_len
+    caps = capabilities(job.training.runtime)
+    pps = _choices(job, "pp", divisors(layers) if caps.pp else [1])
+    cp_ok = [cp for cp in (1, 2, 4, 8) if cp == 1 or (seq % (2 * cp) == 0 and seq // cp >= 4096)]
+    cps = _choices(job, "cp", cp_ok if caps.cp else [1])
+    for pp, cp in itertools.product(pps, cps):
+        vpps = [1] + ([2] if caps.vpp and pp > 1 and (layers // pp) % 2 == 0 and layers % pp == 0 else [])
+        for vpp in _choices(job, "vpp", vpps):
+            yield pp, vpp, cp
+
+
+def _zero_choices(job: JobSpec, dp: int, cp: int = 1, *, tp: int = 1, pp: int = 1) -> list[int]:
+    runtime = job.training.runtime
+    default = {
+        # Megatron's distributed optimizer shards over the data-parallel group with context parallelism.
+        "megatron": [1] if dp * cp > 1 else [0],
+        "deepspeed": [1, 2, 3] if dp > 1 else [0],
+        "fsdp2": [3, 2],
+        "hf": [0],
+    }[runtime]
+    offered = capabilities(runtime).zero_choices(tp=tp, pp=pp)
+    # A pinned stage the runtime does not combine with this shape's tp or pp leaves the shape no plan.
+    return [stage for stage in _choices(job, "zero_stage", default) if stage in offered]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Shape:
+    """A candidate without its data-parallel degree."""
+
+    tp: int
+    pp: int
+    vpp: int
+    cp: int
+    micro_batch_size: int
+    recompute: str
+    sequence_parallel: bool
+
+    @property
+    def model_gpus(self) -> int:
+        return self.tp * self.pp * self.cp
+
+
+def micro_batch_choices(job: JobSpec) -> list[int]:
+    """The micro-batch sizes the planner tries: the spec's alone when it pins it (``training.pin_micro_batch``),
+    else every size of :data:`MICRO_BATCH_CHOICES` that divides the global batch."""
+    t = job.training
+    if "micro_batch_size" in job.pinned:
+        return [t.micro_batch_size]
+    return [m for m in MICRO_BATCH_CHOICES if t.global_batch_size % m == 0]
+
+
+def micro_batch_summary(job: JobSpec) -> dict[str, Any]:
+    """What ``frenzy plan`` and ``POST /v1/plans`` say about the micro-batch: ``pinned`` (the spec's size kept)
+    and ``searched`` (the sizes tried)."""
+    return {"pinned": "micro_batch_size" in job.pinned, "searched": micro_batch_choices(job)}
+
+
+def shapes(job: JobSpec, gpus_per_node: int, max_gpus: int) -> Iterator[Shape]:
+    t = job.training
+    mbs = micro_batch_choices(job)
+    caps = capabilities(t.runtime)
+    recomputes = [mode for mode in RECOMPUTE_ORDER if mode in caps.recompute]
+    for tp in _tp_choices(job, gpus_per_node):
+        sp = (
+            job.parallel.sequence_parallel
+            if "sequence_parallel" in job.pinned
+            else (tp > 1 and caps.sequence_parallel != "never")
+        )
+        for pp, vpp, cp in _shape_choices(job):
+            if tp * pp * cp > max_gpus:
+                continue
+            for mb, recompute in itertools.product(mbs, _choices(job, "recompute", recomputes)):
+                yield Shape(
+                    tp=tp,
+                    pp=pp,
+                    vpp=vpp,
+                    cp=cp,
+                    micro_batch_size=mb,
+                    recompute=recompute,
+                    sequence_parallel=sp,
+                )
+
+
+def dp_choices(job: JobSpec, shape: Shape, max_gpus: int) -> list[int]:
+    """Valid dp degrees, largest first: dp x micro-batch divides the global batch, the GPUs exist, and
+    interleaving gets a micro-batch count divisible by pp."""
+    gbs = job.training.global_batch_size
+    valid = []
+    for dp in _choices(job, "dp", divisors(gbs)):
+        if gbs % (dp * shape.micro_batch_size) or dp * shape.model_gpus > max_gpus:
+            continue
+        if shape.vpp > 1 and job.training.num_micro_batches(dp, shape.micro_batch_size) % shape.pp:
+            continue
+        valid.append(dp)
+    return sorted(valid, reverse=True)
+
+
+def configs_at(job: JobSpec, shape: Shape, dp: int) -> Iterator[ParallelConfig]:
+    arch = job.model
+    eps = [ep for ep in divisors(arch.num_experts) if dp % ep == 0] if arch.is_moe else [1]
+    if not capabilities(job.training.runtime).ep:
+        eps = [1]
+    zeros = _zero_choices(job, dp, shape.cp, tp=shape.tp, pp=shape.pp)
+    for ep, zero in itertools.product(_choices(job, "ep", eps), zeros):
+        if dp % ep:
+            continue
+        yield ParallelConfig(
+            dp=dp,
+            tp=shape.tp,
+            pp=shape.pp,
+            vpp=shape.vpp,
+            cp=shape.cp,
+            ep=ep,
+            sequence_parallel=shape.sequence_parallel,
+            zero_stage=zero,
+            recompute=Recompute(shape.recompute),
+            attention=job.parallel.attention,
+            first_stage_layers=job.parallel.first_stage_layers if shape.pp == job.parallel.pp else None,
+            last_stage_layers=job.parallel.last_stage_layers if shape.pp == job.parallel.pp else None,
+        )
+
+
+def dominated(job: JobSpec, parallel: ParallelConfig) -> list[ParallelConfig]:
+    """The configurations the two dominance rules (module docstring) set aside in favour of ``parallel``,
+    closest first: sequence parallelism off, the distributed optimizer off (ZeRO 0), both. Pinned fields
+    stay as pinned."""
+    flips: list[dict[str, Any]] = []
+    sp_optional = capabilities(job.training.runtime).sequence_parallel == "optional"
+    if parallel.sequence_parallel and parallel.tp > 1 and "sequence_parallel" not in job.pinned and sp_optional:
+        flips.append({"sequence_parallel": False})
+    zero_allowed = 0 in ZERO_STAGES_BY_RUNTIME[job.training.runtime]
+    if parallel.zero_stage == 1 and parallel.dp > 1 and "zero_stage" not in job.pinned and zero_allowed:
+        flips.append({"zero_stage": 0})
+    if len(flips) == 2:
+        flips.append({**flips[0], **flips[1]})
+    return [replace(parallel, **flip) for flip in flips]
+
+
+def attention_on(gpu: GpuType, job: JobSpec) -> str:
+    """The attention kernel the job runs on ``gpu``: its own choice where FlashAttention runs (Ampere and
+    later, :data:`frenzy_opt.prediction.steptime.FLASH_ARCHITECTURES`), eager attention (its time and its ``b a s^2``
+    scores in memory) on Volta and Turing."""
+    return job.parallel.attention if gpu.architecture in FLASH_ARCHITECTURES else "eager"
+
+
+def lower_bound(job: JobSpec, shape: Shape, dp: int) -> float:
+    """Bytes no plan of this shape gets below on its first stage: model states at ``dp`` (the largest valid
+    dp), sharded as far as any ZeRO stage and ep choice allows, plus the activations of the micro-batches in
+    flight at that dp (the fewest), plus the loss when the first stage is also the last."""
+    arch, training = job.model, job.training
+    ep = max((e for e in divisors(arch.num_experts) if dp % e == 0), default=1)
+    p = job.parallel
+    split = (p.first_stage_layers, p.last_stage_layers) if shape.pp == p.pp else (None, None)
+    chunks = chunk_layer_counts(arch.num_layers, shape.pp, shape.vpp, split_rule(training.runtime), *split)[:: shape.pp]
+    layers = sum(chunks)
+    terms = param_terms(arch, shape.tp, ep, shape.pp, layers, True, shape.pp == 1)
+    zero = max(ZERO_STAGES_BY_RUNTIME[training.runtime])
+    layout = state_layout_for(
+        training.runtime, training.precision, training.optimizer, zero, dp > 1, fp8_param_gather(training, zero)
+    )
+    acts = activation_terms_for(
+        arch,
+        training,
+        micro_batch_size=shape.micro_batch_size,
+        tp=shape.tp,
+        cp=shape.cp,
+        ep=ep,
+        sp=shape.sequence_parallel,
+        recompute=shape.recompute,
+    )
+    microbatches = training.num_micro_batches(dp, shape.micro_batch_size)
+    in_flight = in_flight_layer_microbatches(chunks, 0, shape.pp, microbatches)
+    loss = acts.loss + acts.loss_backward if shape.pp == 1 else 0
+    # Flash attention keeps the least of the two kernels, so its activations bound any attention choice.
+    dense, expert = terms.params - terms.expert_params, terms.expert_params
+    states = dense * sum(layout.per_param(dp * shape.cp)) + expert * sum(layout.per_param(max(dp * shape.cp // ep, 1)))
+    return states + in_flight * layers * acts.layer + loss
