@@ -9,7 +9,7 @@ evaluated per GPU (:meth:`GpuGroup.plans_of`).
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from frenzy_opt.core.enums import Precision
 from frenzy_opt.core.plan import Plan
@@ -35,7 +35,7 @@ from frenzy_opt.prediction.marp.predictor import (
     stage_bound,
     stage_model_of,
 )
-from frenzy_opt.prediction.steptime import StepTimeModel, cached_step_terms, gpu_rates
+from frenzy_opt.prediction.steptime import StepTerms, StepTimeModel, cached_step_terms, gpu_rates
 
 
 class PeakCache:
@@ -95,6 +95,11 @@ _STAGE_MODELS: dict[tuple[object, ...], StageModel] = {}
 _STAGE_MODELS_MAX = 8192
 
 
+def shared_stage_models() -> dict[tuple[object, ...], StageModel]:
+    """The process-wide memo of :func:`shared_stage_model` (tests empty it)."""
+    return _STAGE_MODELS
+
+
 def shared_stage_model(arch: ModelArch, training: TrainingConfig, p: ParallelConfig, stage: int) -> StageModel:
     """:func:`stage_model_of`, shared by every search of the process: a stage model depends on dp only
     through ``dp > 1`` (its docstring), so it is keyed on every other field. Bounded: the cache is emptied
@@ -144,6 +149,22 @@ WORKSPACE_SPREAD = 64 * 2**20
 """More than the largest difference of :func:`library_workspace_bytes` between two architectures."""
 
 
+@dataclass(slots=True, kw_only=True, eq=False)
+class Candidate:
+    """A layout evaluated for a GPU group: its allocated peak and stage models, and what the group has worked
+    out for it so far (bounds per GPU architecture and link, step terms, step times per GPU)."""
+
+    parallel: ParallelConfig
+    micro_batch_size: int
+    allocated: int
+    models: list[tuple[StageModel, tuple[int, int]]]
+    bounds: dict[tuple[str, ...], MemoryBound] = field(default_factory=dict)
+    """Per (architecture, intra-node link): the bound without the allocator reserve; with ``"ratio"`` or
+    ``"exact"`` appended, the bound with it (:meth:`GpuGroup._bound`)."""
+    terms: StepTerms | None = None
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
 class GpuGroup:
     """GPU types that share one search (same precision, node size, GPU count and attention kernel), and how
     a candidate becomes their plans."""
@@ -184,114 +205,150 @@ class GpuGroup:
         # A job that pins its whole layout is a configuration the user runs: it is refused only when its
         # predicted tensors alone (the allocated peak) exceed the GPU, and flagged ``memory_risk`` when the
         # upper bound plus headroom does not fit (MARP's bound is conservative by design, docs/marp-validation.md).
-        self.user_layout = {*PARALLEL_FIELDS, "micro_batch_size"} - set(SPLIT_FIELDS) <= job.pinned
+        self.user_layout = pins_whole_layout(job)
         self._ratios: dict[int, float] = {}
+
+    def candidate(self, parallel: ParallelConfig, micro_batch_size: int, limit: int) -> Candidate:
+        """One candidate's stage models at ``parallel``, evaluated up to ``limit`` bytes (:class:`PeakCache`)."""
+        allocated, models = self.cache.allocated(parallel, micro_batch_size, limit)
+        return Candidate(parallel=parallel, micro_batch_size=micro_batch_size, allocated=allocated, models=models)
 
     def plans_of(
         self, parallel: ParallelConfig, micro_batch_size: int, limit: int, headroom: float, tally: Tally
     ) -> list[Plan]:
         """The memory-feasible plans of one candidate on the group's GPU types."""
-        job = self.job
-        allocated, models = self.cache.allocated(parallel, micro_batch_size, limit)
+        candidate = self.candidate(parallel, micro_batch_size, limit)
         tally.evaluated += 1
-        terms = None
         out = []
-        memo: dict[tuple[str, str], tuple[MemoryBound, MemoryBound | None]] = {}
         for link_gpus in self.by_link:
             for gpu in link_gpus:  # largest memory first
-                upper, workspaces = self._bound(models, parallel, gpu, allocated, headroom, memo)
-                required = int(headroom * gpu.memory_bytes)
+                upper, workspaces = self._bound(candidate, gpu, headroom)
                 tally.min_device = upper.required if tally.min_device is None else min(tally.min_device, upper.required)
-                point = allocated + workspaces
-                risky = upper.required + required > gpu.memory_bytes
-                if risky and not (self.user_layout and point <= gpu.memory_bytes):
+                plan = self._judge(candidate, gpu, upper, workspaces, headroom)
+                if plan is None:
                     tally.note_refusal(gpu, upper, parallel, micro_batch_size)
                     # The GPUs after this one have no more memory; only their workspaces (at most 56 MiB
                     # smaller before Hopper) can make a bound smaller.
                     if upper.required - WORKSPACE_SPREAD > gpu.memory_bytes:
                         break
                     continue
-                outside = upper.rows["cuda_context"] + upper.rows["nccl_buffers"]
-                reserved, used = cuda_totals(point, self.cuda, outside, gpu.memory_bytes)
-                if terms is None:
-                    terms = cached_step_terms(job.model, self.cache.training(micro_batch_size), parallel)
-                seconds = terms.evaluate(gpu, self.links[gpu.name], self.step_model, self.rates[gpu.name]).total_s
-                low, high = self.bands[gpu.name]
-                out.append(
-                    Plan(
-                        gpu_type=gpu.name,
-                        num_gpus=parallel.num_gpus,
-                        parallel=parallel,
-                        micro_batch_size=micro_batch_size,
-                        precision=self.labels[gpu.name],
-                        peak_allocated_bytes=point,
-                        peak_reserved_bytes=reserved,
-                        device_used_bytes=used,
-                        capacity_bytes=gpu.memory_bytes,
-                        step_time_s=seconds,
-                        est_runtime_s=seconds * job.training.train_steps,
-                        peak_allocated_upper_bytes=upper.allocated,
-                        peak_reserved_upper_bytes=upper.reserved,
-                        device_used_upper_bytes=upper.device_used,
-                        required_upper_bytes=upper.required,
-                        required_headroom_bytes=required,
-                        step_time_p10_s=seconds * low,
-                        step_time_p90_s=seconds * high,
-                        memory_risk=risky,
-                        num_micro_batches=job.training.num_micro_batches(parallel.dp, micro_batch_size),
-                    )
-                )
+                out.append(plan)
         return out
 
-    def _bound(
-        self,
-        models: list[tuple[StageModel, tuple[int, int]]],
-        parallel: ParallelConfig,
-        gpu: GpuType,
-        allocated: int,
-        headroom: float,
-        memo: dict[tuple[str, str], tuple[MemoryBound, MemoryBound | None]],
-    ) -> tuple[MemoryBound, int]:
-        """The largest required bound over the candidate's peak stages on ``gpu``, and the workspaces. The
-        allocator reserve (:meth:`_reserve_ratio`) is added only when the bound without it fits: a candidate
-        already refused without the reserve is refused with it. GPUs of one architecture and link share the
-        bound (``memo``, per candidate); only the elastic cache's cap depends on the GPU's memory."""
+    def needs_reserve(self, candidate: Candidate, gpu: GpuType, headroom: float) -> bool:
+        """Whether the candidate's bound without the allocator reserve fits ``gpu``, so that only the reserve
+        (an allocator replay, :meth:`_bound`) decides whether it runs there."""
+        bare, _ = self._bare(candidate, gpu)
+        budget = gpu.memory_bytes - int(headroom * gpu.memory_bytes)
+        return bare.required <= budget and candidate.allocated <= gpu.memory_bytes and self.cuda is not None
+
+    def resolve(self, candidate: Candidate, gpu: GpuType, headroom: float) -> Plan | None:
+        """The candidate's plan on ``gpu``, or None when its bound does not fit (the same answer as
+        :meth:`plans_of` for that GPU)."""
+        return self._judge(candidate, gpu, *self._bound(candidate, gpu, headroom), headroom)
+
+    def seconds(self, candidate: Candidate, gpu: GpuType) -> float:
+        """The candidate's predicted step time on ``gpu`` (its step terms built once per candidate)."""
+        found = candidate.seconds.get(gpu.name)
+        if found is None:
+            if candidate.terms is None:
+                training = self.cache.training(candidate.micro_batch_size)
+                candidate.terms = cached_step_terms(self.job.model, training, candidate.parallel)
+            step = candidate.terms.evaluate(gpu, self.links[gpu.name], self.step_model, self.rates[gpu.name])
+            found = candidate.seconds[gpu.name] = step.total_s
+        return found
+
+    def _judge(
+        self, candidate: Candidate, gpu: GpuType, upper: MemoryBound, workspaces: int, headroom: float
+    ) -> Plan | None:
+        """The plan on ``gpu`` given its bound, or None when the bound plus headroom does not fit (a layout
+        the user pinned whole is refused only when its allocated peak does not fit, :meth:`__init__`)."""
+        required = int(headroom * gpu.memory_bytes)
+        point = candidate.allocated + workspaces
+        risky = upper.required + required > gpu.memory_bytes
+        if risky and not (self.user_layout and point <= gpu.memory_bytes):
+            return None
+        outside = upper.rows["cuda_context"] + upper.rows["nccl_buffers"]
+        reserved, used = cuda_totals(point, self.cuda, outside, gpu.memory_bytes)
+        seconds = self.seconds(candidate, gpu)
+        low, high = self.bands[gpu.name]
+        parallel, micro_batch_size, training = candidate.parallel, candidate.micro_batch_size, self.job.training
+        return Plan(
+            gpu_type=gpu.name,
+            num_gpus=parallel.num_gpus,
+            parallel=parallel,
+            micro_batch_size=micro_batch_size,
+            precision=self.labels[gpu.name],
+            peak_allocated_bytes=point,
+            peak_reserved_bytes=reserved,
+            device_used_bytes=used,
+            capacity_bytes=gpu.memory_bytes,
+            step_time_s=seconds,
+            est_runtime_s=seconds * training.train_steps,
+            peak_allocated_upper_bytes=upper.allocated,
+            peak_reserved_upper_bytes=upper.reserved,
+            device_used_upper_bytes=upper.device_used,
+            required_upper_bytes=upper.required,
+            required_headroom_bytes=required,
+            step_time_p10_s=seconds * low,
+            step_time_p90_s=seconds * high,
+            memory_risk=risky,
+            num_micro_batches=training.num_micro_batches(parallel.dp, micro_batch_size),
+        )
+
+    def _bare(self, candidate: Candidate, gpu: GpuType) -> tuple[MemoryBound, int]:
+        """The largest required bound over the candidate's peak stages on ``gpu`` without the allocator
+        reserve, and the workspaces; GPUs of one architecture and link share it (``candidate.bounds``)."""
         runtime = self.job.training.runtime
         workspaces = library_workspace_bytes(runtime, gpu.architecture) if self.cuda is not None else 0
         key = (gpu.architecture, gpu.intra_node)
-        bare, full = memo.get(key, (None, None))
-        if bare is None:
-            nccl = nccl_buffer_bytes(runtime, parallel, gpu.intra_node) if self.cuda is not None else 0
-            bare = max(
-                (stage_bound(m, parallel.dp, runtime, self.fit, cuda=self.cuda, workspaces=workspaces, nccl=nccl,
-                             with_reserve=False, split=split) for m, split in models),
-                key=lambda b: b.required,
-            )  # fmt: skip
-            memo[key] = (bare, None)
+        known = candidate.bounds.get(key)
+        if known is not None:
+            return known, workspaces
+        parallel = candidate.parallel
+        nccl = nccl_buffer_bytes(runtime, parallel, gpu.intra_node) if self.cuda is not None else 0
+        bare = max(
+            (stage_bound(m, parallel.dp, runtime, self.fit, cuda=self.cuda, workspaces=workspaces, nccl=nccl,
+                         with_reserve=False, split=split) for m, split in candidate.models),
+            key=lambda b: b.required,
+        )  # fmt: skip
+        candidate.bounds[key] = bare
+        return bare, workspaces
+
+    def _bound(self, candidate: Candidate, gpu: GpuType, headroom: float) -> tuple[MemoryBound, int]:
+        """The largest required bound over the candidate's peak stages on ``gpu``, and the workspaces. The
+        allocator reserve (:meth:`_reserve_ratio`) is added only when the bound without it fits: a candidate
+        already refused without the reserve is refused with it. Near the GPU's budget (:data:`EXACT_BAND`)
+        the reserve is replayed at the candidate's own dp, so that the search admits what
+        :func:`frenzy_opt.prediction.marp.predictor.predict_memory`'s bound admits. GPUs of one architecture
+        and link share the bounds (``candidate.bounds``); whether the exact replay applies is decided per GPU,
+        so the answer does not depend on the order the GPUs are asked in."""
+        bare, workspaces = self._bare(candidate, gpu)
+        if not self.needs_reserve(candidate, gpu, headroom):
+            return bare.within(gpu.memory_bytes), workspaces
+        key = (gpu.architecture, gpu.intra_node)
+        nccl = bare.rows["nccl_buffers"]
+        full = candidate.bounds.get((*key, "ratio"))
+        if full is None:
+            full = candidate.bounds[(*key, "ratio")] = self._with_reserve(candidate, workspaces, nccl, exact=False)
         budget = gpu.memory_bytes - int(headroom * gpu.memory_bytes)
-        upper = bare
-        if bare.required <= budget and allocated <= gpu.memory_bytes and self.cuda is not None:
-            if full is None:
-                nccl = bare.rows["nccl_buffers"]
-                bounds = []
-                for m, split in models:
-                    ratio = self._reserve_ratio(m, parallel.dp, runtime, workspaces)
-                    bounds.append(stage_bound(m, parallel.dp, runtime, self.fit, cuda=self.cuda,
-                                              workspaces=workspaces, nccl=nccl, reserve_ratio=ratio,
-                                              split=split))  # fmt: skip
-                full = max(bounds, key=lambda b: b.required)
-                if abs(full.required - budget) <= EXACT_BAND * full.allocated:
-                    # Near the GPU's edge the reused ratio could decide either way: replay this dp exactly,
-                    # so the search admits what predict_memory's bound admits.
-                    full = max(
-                        (stage_bound(m, parallel.dp, runtime, self.fit, cuda=self.cuda, workspaces=workspaces,
-                                     nccl=nccl, split=split) for m, split in models),
-                        key=lambda b: b.required,
-                    )  # fmt: skip
-                memo[key] = (bare, full)
-            upper = full
-        upper = upper.within(gpu.memory_bytes)
-        return upper, workspaces
+        if abs(full.required - budget) <= EXACT_BAND * full.allocated:
+            exact = candidate.bounds.get((*key, "exact"))
+            if exact is None:
+                exact = candidate.bounds[(*key, "exact")] = self._with_reserve(candidate, workspaces, nccl, exact=True)
+            full = exact
+        return full.within(gpu.memory_bytes), workspaces
+
+    def _with_reserve(self, candidate: Candidate, workspaces: int, nccl: int, *, exact: bool) -> MemoryBound:
+        """The bound with the allocator reserve: its ratio replayed once per stage model (:func:`reserve_ratio`),
+        or (``exact``) replayed at the candidate's dp."""
+        runtime, dp = self.job.training.runtime, candidate.parallel.dp
+        bounds = []
+        for m, split in candidate.models:
+            ratio = None if exact else self._reserve_ratio(m, dp, runtime, workspaces)
+            bounds.append(stage_bound(m, dp, runtime, self.fit, cuda=self.cuda, workspaces=workspaces, nccl=nccl,
+                                      reserve_ratio=ratio, split=split))  # fmt: skip
+        return max(bounds, key=lambda b: b.required)
 
     def _reserve_ratio(self, model: StageModel, dp: int, runtime: str, workspaces: int) -> float:
         """The allocator reserve over the bounded allocated peak of ``model`` (:func:`reserve_ratio`)."""
@@ -315,6 +372,11 @@ def reserve_ratio(model: StageModel, margin: float, *, single: bool = False) -> 
     states, beyond = model.split(dp)
     reserve = allocator_reserve_bytes(model.step_shape(dp, 1 + margin))
     return reserve / max(states + beyond * (1 + margin), 1)
+
+
+def pins_whole_layout(job: JobSpec) -> bool:
+    """Whether the job pins every layout field (the pipeline split aside) and its micro-batch size."""
+    return {*PARALLEL_FIELDS, "micro_batch_size"} - set(SPLIT_FIELDS) <= job.pinned
 
 
 def by_link(gpus: list[GpuType]) -> list[list[GpuType]]:

@@ -91,7 +91,7 @@ def enumerate_plans(
     anywhere, a second pass (``prune=False``) finds the least per-GPU footprint of any configuration for
     the error message, skipping shapes whose lower bound exceeds the best footprint found so far.
     """
-    headroom = _headroom_of(job, headroom, fit)
+    headroom = headroom_of(job, headroom, fit)
     tally = Tally()
     plans: list[Plan] = []
     for (precision, gpus_per_node, max_gpus, attention), gpus in gpu_groups(job, cluster).items():
@@ -122,7 +122,7 @@ def enumerate_plans(
     )
 
 
-def _headroom_of(job: JobSpec, headroom: float | None, fit: MemoryFit) -> float:
+def headroom_of(job: JobSpec, headroom: float | None, fit: MemoryFit) -> float:
     """The headroom fraction a search admits plans with: the caller's, else the job's, else the fit's."""
     if headroom is None:
         headroom = job.training.memory_headroom
@@ -152,12 +152,12 @@ def _dp_scan(
         for parallel in configs_at(group.base, shape, dp):
             found = group.plans_of(parallel, shape.micro_batch_size, limit, headroom, tally)
             fitted = fitted or bool(found)
-            plans += _accepted(found, parallel, shape.micro_batch_size, limit, headroom, tally, group, plan_filter)
+            plans += accepted_plans(found, parallel, shape.micro_batch_size, limit, headroom, tally, group, plan_filter)
         exhausted = not fitted  # memory only: a filter's refusals say nothing about smaller dp
     return plans
 
 
-def _accepted(
+def accepted_plans(
     found: list[Plan],
     parallel: ParallelConfig,
     micro_batch_size: int,
@@ -184,23 +184,25 @@ def _accepted(
 
 
 def rank_plans(plans: list[Plan]) -> list[Plan]:
-    """Best first: by predicted step time (None ranks as 0, before timed plans); then fewest GPUs, the least
-    recompute (full recompute re-runs the forward pass, about a third more compute, Korthikanti et al. 2022,
-    Sec. 5) and the most memory headroom. A total order: equal keys are broken on the plan's own fields."""
-    return sorted(
-        plans,
-        key=lambda p: (
-            p.step_time_s if p.step_time_s is not None else 0.0,
-            p.num_gpus,
-            RECOMPUTE_ORDER.index(p.parallel.recompute),
-            -p.headroom_bytes,
-            # Ties broken on the plan itself, so the order never depends on the search order.
-            p.gpu_type,
-            -p.micro_batch_size,
-            (p.parallel.dp, p.parallel.tp, p.parallel.pp, p.parallel.vpp, p.parallel.cp, p.parallel.ep),
-            p.parallel.zero_stage,
-            p.parallel.sequence_parallel,
-        ),
+    """Best first (:func:`rank_key`)."""
+    return sorted(plans, key=rank_key)
+
+
+def rank_key(p: Plan) -> tuple[object, ...]:
+    """By predicted step time (None ranks as 0, before timed plans); then fewest GPUs, the least recompute
+    (full recompute re-runs the forward pass, about a third more compute, Korthikanti et al. 2022, Sec. 5)
+    and the most memory headroom. A total order: equal keys are broken on the plan's own fields."""
+    return (
+        p.step_time_s if p.step_time_s is not None else 0.0,
+        p.num_gpus,
+        RECOMPUTE_ORDER.index(p.parallel.recompute),
+        -p.headroom_bytes,
+        # Ties broken on the plan itself, so the order never depends on the search order.
+        p.gpu_type,
+        -p.micro_batch_size,
+        (p.parallel.dp, p.parallel.tp, p.parallel.pp, p.parallel.vpp, p.parallel.cp, p.parallel.ep),
+        p.parallel.zero_stage,
+        p.parallel.sequence_parallel,
     )
 
 

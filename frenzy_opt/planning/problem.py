@@ -27,7 +27,8 @@ from frenzy_opt.core.spec import JobSpec
 from frenzy_opt.hardware.cluster import ClusterSpec
 from frenzy_opt.hardware.placement import per_node
 from frenzy_opt.hardware.topology import Topology, topology_of
-from frenzy_opt.planning.plans import DEFAULT_STEP_MODEL, Plan, enumerate_plans
+from frenzy_opt.planning.fastest import fastest_plans
+from frenzy_opt.planning.plans import DEFAULT_STEP_MODEL, Plan
 from frenzy_opt.planning.scenario import Scenario
 from frenzy_opt.prediction.steptime import StepTimeModel
 
@@ -220,17 +221,21 @@ def search_options(
     """The plan search :class:`OptionCache` makes for a job shape, as a function of picklable arguments so that
     a worker process can run it (``topology``: the cluster's, built if not given).
 
-    The plans of one training step (name and step count dropped), filtered inside the search, before its
-    dominance rules prune (:func:`enumerate_plans`); their fastest option per admissible (GPU type, GPU count)
-    with runtimes not rounded, capped at ``scheduling.max_gpus``; and the thinned Pareto options of those."""
+    The fastest plan of one training step (name and step count dropped) per admissible (GPU type, GPU
+    count), capped at ``scheduling.max_gpus`` (:func:`frenzy_opt.planning.fastest.fastest_plans`: the plan
+    :func:`enumerate_plans` ranks first there, filtered inside the search before its dominance rules prune),
+    as options with runtimes not rounded; and the thinned Pareto options of those. ``plan_filter`` judges a
+    plan's layout only (what the executors' filters do; :mod:`frenzy_opt.planning.fastest`)."""
     topology = topology or topology_of(cluster)
     one_step = replace(spec, name="", training=replace(spec.training, train_steps=1))
     accept = None if plan_filter is None else (lambda plan: plan_filter(plan, spec))
-    plans = enumerate_plans(one_step, cluster, step_model=step_model, plan_filter=accept).plans
-    per_count = best_per_count(plans, topology, round_up=False)
     cap = spec.scheduling.max_gpus
-    if cap is not None:
-        per_count = {key: o for key, o in per_count.items() if o.num_gpus <= cap}
+
+    def admit(gpu_type: str, count: int) -> bool:
+        return (cap is None or count <= cap) and topology.nodes_needed(gpu_type, count) >= 0
+
+    plans = fastest_plans(one_step, cluster, step_model=step_model, plan_filter=accept, admit=admit)
+    per_count = best_per_count(plans, topology, round_up=False)
     return Searched(
         key=search_key(spec),
         step_model=step_model,

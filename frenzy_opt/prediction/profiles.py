@@ -20,6 +20,7 @@ parameters' ``layer_profiles`` list, so ``--calibration NAME`` carries them into
 from __future__ import annotations
 
 import bisect
+import functools
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -51,21 +52,9 @@ class LayerShape:
     @staticmethod
     def of(arch: Any, seq_len: int, precision: str, attention: str = "flash") -> LayerShape:
         """The shape of ``arch`` (a :class:`frenzy_opt.models.arch.ModelArch`) trained at ``seq_len`` in
-        ``precision``, its vocabulary padded as runtimes pad it (:data:`VOCAB_PADDING`)."""
-        return LayerShape(
-            hidden_size=arch.hidden_size,
-            ffn_hidden_size=arch.expert_ffn_size if arch.is_moe else arch.ffn_hidden_size,
-            num_attention_heads=arch.num_attention_heads,
-            num_kv_heads=arch.num_kv_heads,
-            head_dim=arch.kv_channels,
-            vocab_size=-(-arch.vocab_size // VOCAB_PADDING) * VOCAB_PADDING,
-            seq_len=seq_len,
-            precision=str(precision),
-            mlp=arch.mlp,
-            num_experts=arch.num_experts,
-            moe_top_k=arch.moe_top_k,
-            attention=attention,
-        )
+        ``precision``, its vocabulary padded as runtimes pad it (:data:`VOCAB_PADDING`); one object per
+        distinct argument set (a plan search asks for the same shape thousands of times)."""
+        return _shape_of(arch, seq_len, str(precision), attention)
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -73,6 +62,24 @@ class LayerShape:
     @staticmethod
     def from_dict(data: dict[str, Any]) -> LayerShape:
         return LayerShape(**_checked(data, LayerShape, "layer profile shape"))
+
+
+@functools.lru_cache(maxsize=1024)
+def _shape_of(arch: Any, seq_len: int, precision: str, attention: str) -> LayerShape:
+    return LayerShape(
+        hidden_size=arch.hidden_size,
+        ffn_hidden_size=arch.expert_ffn_size if arch.is_moe else arch.ffn_hidden_size,
+        num_attention_heads=arch.num_attention_heads,
+        num_kv_heads=arch.num_kv_heads,
+        head_dim=arch.kv_channels,
+        vocab_size=-(-arch.vocab_size // VOCAB_PADDING) * VOCAB_PADDING,
+        seq_len=seq_len,
+        precision=str(precision),
+        mlp=arch.mlp,
+        num_experts=arch.num_experts,
+        moe_top_k=arch.moe_top_k,
+        attention=attention,
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
