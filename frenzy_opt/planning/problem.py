@@ -1,7 +1,8 @@
 """The scheduling problem every solver gets: jobs with arrivals, weights and candidate plans, the cluster's
 topology, its current occupancy; and the schedule a solver returns, with its checks and metrics.
 
-A job's candidate plans (:class:`Option`) come from :func:`frenzy_opt.planning.plans.enumerate_plans`: per GPU type,
+A job's candidate plans (:class:`Option`) come from :func:`frenzy_opt.planning.fastest.fastest_plans` (the plan
+:func:`frenzy_opt.planning.plans.enumerate_plans` ranks first for each GPU type and count): per GPU type,
 the Pareto front of GPU count against predicted runtime among the plans the placement rule admits
 (:meth:`frenzy_opt.hardware.topology.Topology.nodes_needed`), at most ``max_options_per_type`` of them spread from
 the fewest GPUs to the fastest. Durations are the plans' ``est_runtime_s`` rounded up to whole seconds and
