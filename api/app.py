@@ -30,8 +30,10 @@ from frenzy_opt.api.service import Service, unavailable
 from frenzy_opt.api.ui import mount_docs, ui_router
 from frenzy_opt.hardware.cluster import ClusterSpec
 from frenzy_opt.launch.executors import Executor
+from frenzy_opt.service.database import BUSY_TIMEOUT_S
+from frenzy_opt.service.faults import STORE_FAULTS, describe_fault, is_store_fault
 from frenzy_opt.service.orchestrator import Orchestrator
-from frenzy_opt.service.store import BUSY_TIMEOUT_S, STORE_FAULTS, Store, describe_fault, is_store_fault
+from frenzy_opt.service.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +56,8 @@ class ServiceConfig:
     """Create the store when it does not exist; ``frenzy serve`` asks for it with ``--create`` only, so a
     volume that is not mounted is refused rather than replaced by an empty store."""
     busy_timeout_s: float = BUSY_TIMEOUT_S
-    """How long a store write waits for another connection's lock (:data:`frenzy_opt.service.store.BUSY_TIMEOUT_S`)."""
+    """How long a store write waits for another connection's lock
+    (:data:`frenzy_opt.service.database.BUSY_TIMEOUT_S`)."""
     plan_workers: int = 1
     """Worker processes for the dry run's plan searches."""
     plan_cache_bytes: int = 64 << 20

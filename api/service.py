@@ -25,7 +25,8 @@ from frenzy_opt.core.spec import JobSpec, parse_job
 from frenzy_opt.planning.plans import NoFeasiblePlan
 from frenzy_opt.planning.problem import Searched
 from frenzy_opt.service.orchestrator import Orchestrator
-from frenzy_opt.service.store import JobRecord, Store
+from frenzy_opt.service.records import JobRecord
+from frenzy_opt.service.store import Store
 
 if TYPE_CHECKING:
     from frenzy_opt.api.app import ServiceConfig

@@ -52,7 +52,8 @@ from frenzy_opt.hardware.topology import Topology
 from frenzy_opt.launch.executors import make_executor
 from frenzy_opt.planning.problem import OptionCache, Searched
 from frenzy_opt.planning.scenario import load_cluster_ref
-from frenzy_opt.service.store import STORE_FAULTS, Store, describe_fault
+from frenzy_opt.service.faults import STORE_FAULTS, describe_fault
+from frenzy_opt.service.store import Store
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from frenzy_opt.service.accounting import Held, held, placement_detail, placement_of, usage
-from frenzy_opt.service.store import EventRecord, JobRecord
+from frenzy_opt.service.records import EventRecord, JobRecord
 
 
 def _record(job: str, tenant: str) -> JobRecord:

@@ -25,8 +25,10 @@ from frenzy_opt.api.app import create_app
 from frenzy_opt.core.machine import free_port
 from frenzy_opt.launch.executors.simulated import SimulatedExecutor
 from frenzy_opt.planning.scenario import load_cluster_ref
-from frenzy_opt.service.orchestrator import Orchestrator, new_job_id
-from frenzy_opt.service.store import Store, job_values
+from frenzy_opt.service.jobs import new_job_id
+from frenzy_opt.service.orchestrator import Orchestrator
+from frenzy_opt.service.records import job_values
+from frenzy_opt.service.store import Store
 
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = {"model": "gpt3-125m", "training": {"seq_len": 1024, "global_batch_size": 32, "train_steps": 50}}

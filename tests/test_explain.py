@@ -12,7 +12,8 @@ from frenzy_opt.client import jobs_table, status_text
 from frenzy_opt.core.spec import parse_job
 from frenzy_opt.hardware.cluster import parse_cluster
 from frenzy_opt.launch.executors import ExitInfo
-from frenzy_opt.service.orchestrator import Exited, Orchestrator, Submitted
+from frenzy_opt.service.events import Exited, Submitted
+from frenzy_opt.service.orchestrator import Orchestrator
 from frenzy_opt.service.store import Store
 
 GPU = "A100-SXM4-80GB"

@@ -17,7 +17,8 @@ from frenzy_opt.hardware.topology import Topology
 from frenzy_opt.launch.executors import ExitInfo, Launch, OnExit
 from frenzy_opt.planning.problem import Option, OptionCache, ProblemJob, SchedulingProblem
 from frenzy_opt.planning.scenario import Request, load_cluster_ref
-from frenzy_opt.service.orchestrator import Exited, Orchestrator, Submitted
+from frenzy_opt.service.events import Exited, Submitted
+from frenzy_opt.service.orchestrator import Orchestrator
 from frenzy_opt.service.store import Store
 from frenzy_opt.simulation.simulator import SimJob, Simulator
 from frenzy_opt.solvers.base import make_policy

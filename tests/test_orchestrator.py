@@ -19,7 +19,8 @@ from frenzy_opt.hardware.topology import Topology
 from frenzy_opt.launch.executors import ExitInfo, Launch, OnExit
 from frenzy_opt.planning.problem import OptionCache
 from frenzy_opt.planning.scenario import load_cluster_ref
-from frenzy_opt.service.orchestrator import CancelRequested, Exited, Orchestrator, Submitted, Tick
+from frenzy_opt.service.events import CancelRequested, Exited, Submitted, Tick
+from frenzy_opt.service.orchestrator import Orchestrator
 from frenzy_opt.service.store import Store
 
 CLUSTER = load_cluster_ref("paper-3type")

@@ -28,7 +28,8 @@ from frenzy_opt.api.app import ServiceConfig, create_app
 from frenzy_opt.api.auth import parse_tenants
 from frenzy_opt.api.server import serve
 from frenzy_opt.launch.executors.simulated import SimulatedExecutor
-from frenzy_opt.service.store import Store, StoreCorrupt, StoreInUse, sqlite_path
+from frenzy_opt.service.database import sqlite_path
+from frenzy_opt.service.store import Store, StoreCorrupt, StoreInUse
 
 SMALL = {"model": "gpt3-125m", "training": {"seq_len": 1024, "global_batch_size": 32, "train_steps": 50}}
 LONG = {"model": "llama3-8b", "training": {"seq_len": 4096, "global_batch_size": 512, "train_steps": 100_000}}

@@ -15,7 +15,8 @@ from frenzy_opt.hardware.cluster import parse_cluster
 from frenzy_opt.hardware.placement import FreeIndex
 from frenzy_opt.hardware.topology import Topology
 from frenzy_opt.planning.problem import Option, ProblemJob, SchedulingProblem
-from frenzy_opt.service.orchestrator import Orchestrator, Submitted
+from frenzy_opt.service.events import Submitted
+from frenzy_opt.service.orchestrator import Orchestrator
 from frenzy_opt.service.store import Store
 from frenzy_opt.simulation.simulator import Simulator
 from frenzy_opt.solvers.base import make_policy

@@ -20,8 +20,8 @@ from frenzy_opt.api.schemas import STATES, EventOut, JobIn, JobListOut, JobOut
 from frenzy_opt.api.service import Decided, Service, Svc, Who, job_out, parse_spec, unavailable, visible
 from frenzy_opt.core.enums import TERMINAL_STATES
 from frenzy_opt.launch.executors import LogChunk
-from frenzy_opt.service.orchestrator import new_job_id
-from frenzy_opt.service.store import JobRecord, job_values
+from frenzy_opt.service.jobs import new_job_id
+from frenzy_opt.service.records import JobRecord, job_values
 
 JobIdPath = Annotated[str, PathParam(max_length=64)]
 IdempotencyKey = Annotated[str | None, Header(max_length=200)]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from frenzy_opt.core.enums import JobState
-from frenzy_opt.service.store import EventRecord, JobRecord
+from frenzy_opt.service.records import EventRecord, JobRecord
 
 _PLACED = re.compile(r"^(?P<n>\d+) x (?P<gpu>\S+) on ")
 

@@ -13,7 +13,9 @@ import logging
 import threading
 from collections.abc import Callable
 
-from frenzy_opt.service.store import JobRecord, Store, is_store_fault
+from frenzy_opt.service.faults import is_store_fault
+from frenzy_opt.service.records import JobRecord
+from frenzy_opt.service.store import Store
 
 log = logging.getLogger(__name__)
 

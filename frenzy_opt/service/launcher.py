@@ -31,7 +31,8 @@ from frenzy_opt.planning.plans import DEFAULT_STEP_MODEL
 from frenzy_opt.planning.problem import OptionCache, SchedulingProblem, no_option_message, problem_job
 from frenzy_opt.prediction.steptime import StepTimeModel
 from frenzy_opt.service.orchestrator import Orchestrator
-from frenzy_opt.service.store import JobRecord, Store
+from frenzy_opt.service.records import JobRecord
+from frenzy_opt.service.store import Store
 from frenzy_opt.solvers.greedy import GreedyState
 
 POLL_S = 0.2

@@ -60,7 +60,7 @@ class WriterRow(Base):
     renewed_at: Mapped[float] = mapped_column(Float, default=0.0)
     """Seconds since the epoch by the database's clock; 0 once released."""
     probed_at: Mapped[float] = mapped_column(Float, default=0.0)
-    """The last write probe of a store at fault (:meth:`frenzy_opt.service.store.Store.probe`)."""
+    """The last write probe of a store at fault (:meth:`frenzy_opt.service.health.StoreHealth.probe`)."""
 
 
 WRITER: Table = WriterRow.__table__  # type: ignore[assignment]  # a declarative class's table is a Table
