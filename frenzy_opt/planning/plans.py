@@ -64,13 +64,9 @@ from frenzy_opt.prediction.marp.predictor import (
     stage_model_of,
 )
 from frenzy_opt.prediction.marp.stages import in_flight_layer_microbatches
-from frenzy_opt.prediction.steptime import (
-    FLASH_ARCHITECTURES,
-    StepTimeModel,
-    cached_step_terms,
-    gpu_rates,
-    shipped_model,
-)
+from frenzy_opt.prediction.stepeval import FLASH_ARCHITECTURES, gpu_rates
+from frenzy_opt.prediction.stepterms import cached_step_terms
+from frenzy_opt.prediction.steptime import StepTimeModel, shipped_model
 
 MICRO_BATCH_CHOICES = (1, 2, 4, 8, 16)
 RECOMPUTE_ORDER = ("none", "selective", "full")

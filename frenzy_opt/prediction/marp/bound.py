@@ -39,7 +39,8 @@ from dataclasses import dataclass
 
 from frenzy_opt.core.enums import Runtime
 from frenzy_opt.core.spec import ParallelConfig
-from frenzy_opt.prediction.marp.allocator import CachingAllocatorModel, MemEvent
+from frenzy_opt.prediction.marp.allocator.model import CachingAllocatorModel
+from frenzy_opt.prediction.marp.allocator.replay import MemEvent
 
 MIB = 2**20
 
