@@ -33,7 +33,7 @@ from frenzy_opt.planning.group import shared_stage_models
 from frenzy_opt.planning.plans import DEFAULT_STEP_MODEL, NoFeasiblePlan, Plan, enumerate_plans, search_or_fail
 from frenzy_opt.planning.problem import OptionCache, search_options
 from frenzy_opt.planning.scenario import load_cluster_ref
-from frenzy_opt.prediction.steptime import cached_step_terms
+from frenzy_opt.prediction.stepterms import cached_step_terms
 from frenzy_opt.service.orchestrator import Orchestrator
 from frenzy_opt.service.store import Store
 

@@ -17,18 +17,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from frenzy_opt.prediction.marp.allocator import (
-    K_LARGE_BUFFER,
-    K_SMALL_BUFFER,
-    AllocatorConfig,
-    AllocatorOutOfMemoryError,
-    AllocatorStats,
-    CachingAllocatorModel,
-    MemEvent,
-    allocation_size,
-    replay,
-    round_size,
-)
+from frenzy_opt.prediction.marp.allocator.config import AllocatorConfig
+from frenzy_opt.prediction.marp.allocator.model import AllocatorOutOfMemoryError, AllocatorStats, CachingAllocatorModel
+from frenzy_opt.prediction.marp.allocator.replay import MemEvent, replay
+from frenzy_opt.prediction.marp.allocator.sizes import K_LARGE_BUFFER, K_SMALL_BUFFER, allocation_size, round_size
 
 MiB = 1024 * 1024
 DEFAULT = AllocatorConfig()

@@ -9,7 +9,8 @@ import pytest
 from frenzy_opt.hardware import collectives
 from frenzy_opt.hardware.gpus import load_gpus, lookup_gpu
 from frenzy_opt.hardware.topology import HOST_STAGED_FRACTION, Links
-from frenzy_opt.prediction.steptime import StepTimeModel, collective_s, latency_s, shipped_model
+from frenzy_opt.prediction.comms import collective_s, latency_s
+from frenzy_opt.prediction.steptime import StepTimeModel, shipped_model
 
 GIB = 2**30
 

@@ -108,7 +108,7 @@ def test_geforce_boards_stage_intra_node_collectives_through_the_host() -> None:
     """Without peer-to-peer (GeForce boards) an intra-node all-reduce reaches the measured host-staged share of
     the PCIe link; a P2P board on the same PCIe generation reaches its own class's measured share instead."""
     from frenzy_opt.hardware.topology import HOST_STAGED_FRACTION, Links
-    from frenzy_opt.prediction.steptime import collective_s
+    from frenzy_opt.prediction.comms import collective_s
 
     staged = Links.for_gpu(lookup_gpu("RTX-3090"), gpus_per_node=4, intra_node="pcie")
     direct = Links.for_gpu(lookup_gpu("RTX-A6000"), gpus_per_node=4, intra_node="pcie")
@@ -127,7 +127,9 @@ def test_small_collectives_are_not_free() -> None:
     NVLink inside an H100 node, PCIe on a PCIe board, the network across nodes."""
     from frenzy_opt.core.spec import parse_job
     from frenzy_opt.hardware.topology import NETWORK_LATENCY_S, NVLINK_LATENCY_S, PCIE_LATENCY_S, Links
-    from frenzy_opt.prediction.steptime import latency_s, shipped_model, step_terms
+    from frenzy_opt.prediction.comms import latency_s
+    from frenzy_opt.prediction.stepterms import step_terms
+    from frenzy_opt.prediction.steptime import shipped_model
 
     tiny = {"num_layers": 4, "hidden_size": 64, "ffn_hidden_size": 256, "num_attention_heads": 4, "vocab_size": 1024}
     job = parse_job({"model": tiny, "training": {"seq_len": 128, "global_batch_size": 8, "micro_batch_size": 1},
@@ -152,7 +154,7 @@ def test_an_moe_layers_experts_are_one_gemm_shape_with_a_count() -> None:
     """Alike experts are priced once with their count, so 4,096 experts cost no more to price than 8 (the API
     fuzzer's 4,096-expert spec timed a plan search out when every expert was a GEMM of its own)."""
     from frenzy_opt.core.spec import parse_job
-    from frenzy_opt.prediction.steptime import step_terms
+    from frenzy_opt.prediction.stepterms import step_terms
 
     def terms(experts: int) -> object:
         model = {"num_layers": 2, "hidden_size": 256, "ffn_hidden_size": 512, "num_attention_heads": 4,

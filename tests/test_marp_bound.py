@@ -13,7 +13,7 @@ from frenzy_opt.hardware.cluster import parse_cluster
 from frenzy_opt.hardware.gpus import lookup_gpu
 from frenzy_opt.planning.plans import NoFeasiblePlan, enumerate_plans, search_or_fail
 from frenzy_opt.prediction.marp import bound
-from frenzy_opt.prediction.marp.allocator import replay
+from frenzy_opt.prediction.marp.allocator.replay import replay
 from frenzy_opt.prediction.marp.fit import MemoryFit
 from frenzy_opt.prediction.marp.predictor import STATE_COMPONENTS, TE_SCALING_STATE_BYTES_PER_LAYER, predict_memory
 

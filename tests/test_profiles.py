@@ -19,7 +19,9 @@ from frenzy_opt.prediction import profiler
 from frenzy_opt.prediction.calibrations import CalibrationStore, add_profiles, resolve_model
 from frenzy_opt.prediction.profiles import LayerProfile, LayerShape, ProfileIndex, ProfilePoint
 from frenzy_opt.prediction.sailor import import_profiles
-from frenzy_opt.prediction.steptime import StepTimeModel, profiled_point, shipped_model, step_terms
+from frenzy_opt.prediction.stepeval import profiled_point
+from frenzy_opt.prediction.stepterms import step_terms
+from frenzy_opt.prediction.steptime import StepTimeModel, shipped_model
 
 A100 = lookup_gpu("A100-SXM4-80GB")
 JOB_DICT = {

@@ -10,18 +10,13 @@ import pytest
 from frenzy_opt.core.spec import JobSpec, parse_job
 from frenzy_opt.hardware.cluster import parse_cluster
 from frenzy_opt.hardware.gpus import lookup_gpu
-from frenzy_opt.hardware.topology import links_for
+from frenzy_opt.hardware.topology import Links, links_for
 from frenzy_opt.planning.plans import enumerate_plans
-from frenzy_opt.prediction.steptime import (
-    FLASH_ARCHITECTURES,
-    Links,
-    StepTimeModel,
-    collective_s,
-    peak_tflops,
-    shipped_model,
-    step_terms,
-    step_time,
-)
+from frenzy_opt.prediction.comms import collective_s
+from frenzy_opt.prediction.flops import peak_tflops
+from frenzy_opt.prediction.stepeval import FLASH_ARCHITECTURES
+from frenzy_opt.prediction.stepterms import step_terms
+from frenzy_opt.prediction.steptime import StepTimeModel, shipped_model, step_time
 
 GOLDEN_TOLERANCE = 0.15
 H100 = lookup_gpu("H100-SXM5-80GB")

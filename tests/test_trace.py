@@ -15,7 +15,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode  # noqa: E402
 
 from frenzy_opt.core.spec import JobSpec, ParallelConfig, TrainingConfig  # noqa: E402
 from frenzy_opt.models.arch import ModelArch  # noqa: E402
-from frenzy_opt.prediction.marp.allocator import MemEvent  # noqa: E402
+from frenzy_opt.prediction.marp.allocator.replay import MemEvent  # noqa: E402
 from frenzy_opt.tracing import AllocationRecorder, Trace, trace_job  # noqa: E402
 
 TINY = ModelArch(num_layers=2, hidden_size=128, ffn_hidden_size=256, num_attention_heads=4, num_kv_heads=2,

@@ -159,7 +159,7 @@ def _run_trace(job: Any) -> dict[str, Any]:
         from frenzy_opt.tracing import trace_job
     except ImportError as err:
         raise ValueError(f"--trace needs the validate extra (pip install 'frenzy-opt[validate]'): {err}") from None
-    from frenzy_opt.prediction.marp.allocator import replay
+    from frenzy_opt.prediction.marp.allocator.replay import replay
 
     result = trace_job(job)
     stages = []

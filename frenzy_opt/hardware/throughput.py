@@ -51,7 +51,7 @@ class Achievable:
 
     def matmul(self, precision: str) -> float:
         """Dense matmul TFLOP/s for ``precision`` (fp32 trains on tf32 tensor cores where they exist; a format
-        without tensor cores runs at fp16's rate, as :func:`frenzy_opt.prediction.steptime.peak_tflops`)."""
+        without tensor cores runs at fp16's rate, as :func:`frenzy_opt.prediction.flops.peak_tflops`)."""
         if precision == Precision.FP32 and "tf32" in self.matmul_tflops:
             return self.matmul_tflops["tf32"]
         if precision in self.matmul_tflops:

@@ -35,7 +35,7 @@ from frenzy_opt.prediction.marp.activations import activation_terms_for
 from frenzy_opt.prediction.marp.layout import fp8_param_gather, state_layout_for
 from frenzy_opt.prediction.marp.predictor import param_terms
 from frenzy_opt.prediction.marp.stages import in_flight_layer_microbatches
-from frenzy_opt.prediction.steptime import FLASH_ARCHITECTURES
+from frenzy_opt.prediction.stepeval import FLASH_ARCHITECTURES
 
 MICRO_BATCH_CHOICES = (1, 2, 4, 8, 16)
 RECOMPUTE_ORDER = ("none", "selective", "full")
@@ -224,7 +224,7 @@ def dominated(job: JobSpec, parallel: ParallelConfig) -> list[ParallelConfig]:
 
 def attention_on(gpu: GpuType, job: JobSpec) -> str:
     """The attention kernel the job runs on ``gpu``: its own choice where FlashAttention runs (Ampere and
-    later, :data:`frenzy_opt.prediction.steptime.FLASH_ARCHITECTURES`), eager attention (its time and its ``b a s^2``
+    later, :data:`frenzy_opt.prediction.stepeval.FLASH_ARCHITECTURES`), eager attention (its time and its ``b a s^2``
     scores in memory) on Volta and Turing."""
     return job.parallel.attention if gpu.architecture in FLASH_ARCHITECTURES else "eager"
 

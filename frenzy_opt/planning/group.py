@@ -35,7 +35,9 @@ from frenzy_opt.prediction.marp.predictor import (
     stage_bound,
     stage_model_of,
 )
-from frenzy_opt.prediction.steptime import StepTerms, StepTimeModel, cached_step_terms, gpu_rates
+from frenzy_opt.prediction.stepeval import gpu_rates
+from frenzy_opt.prediction.stepterms import StepTerms, cached_step_terms
+from frenzy_opt.prediction.steptime import StepTimeModel
 
 
 class PeakCache:

@@ -23,9 +23,10 @@ from frenzy_opt.core.plan import Plan
 from frenzy_opt.core.spec import JobSpec
 from frenzy_opt.hardware.cluster import ClusterSpec
 from frenzy_opt.hardware.gpus import GpuType, lookup_gpu
-from frenzy_opt.hardware.topology import links_for
+from frenzy_opt.hardware.topology import Links, links_for
 from frenzy_opt.prediction.fitting import FitPoint, efficiency_parameter, fit_points
-from frenzy_opt.prediction.steptime import MAX_RELATIVE_EFFICIENCY, Links, StepTimeModel, step_terms
+from frenzy_opt.prediction.stepterms import step_terms
+from frenzy_opt.prediction.steptime import MAX_RELATIVE_EFFICIENCY, StepTimeModel
 
 COMPARABLE_MEMORY = ("MemTracker", "torch.cuda.max_memory_allocated")
 # The range a refitted efficiency may take: a run can reach far below the kernel model (a CPU slot priced as a

@@ -1,6 +1,6 @@
 """The one fitter of the step-time model's parameters from measured runs.
 
-A :class:`FitPoint` is one measured run, prepared: its :class:`~frenzy_opt.prediction.steptime.StepTerms`,
+A :class:`FitPoint` is one measured run, prepared: its :class:`~frenzy_opt.prediction.stepterms.StepTerms`,
 the GPU type and links it is priced on, and its measured seconds per iteration. A :class:`Parameter` is one
 number of :class:`~frenzy_opt.prediction.steptime.StepTimeModel` (how to read it from a model, how to write
 it into one, and its physical range): an efficiency (:func:`efficiency_parameter`), an entry of a
@@ -24,7 +24,8 @@ import numpy as np
 
 from frenzy_opt.hardware.gpus import GpuType
 from frenzy_opt.hardware.topology import Links
-from frenzy_opt.prediction.steptime import DEFAULT_EFFICIENCY, MAX_RELATIVE_EFFICIENCY, StepTerms, StepTimeModel
+from frenzy_opt.prediction.stepterms import StepTerms
+from frenzy_opt.prediction.steptime import DEFAULT_EFFICIENCY, MAX_RELATIVE_EFFICIENCY, StepTimeModel
 
 
 @dataclass(frozen=True, slots=True)

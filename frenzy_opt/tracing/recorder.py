@@ -31,7 +31,7 @@ from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map_only
 
-from frenzy_opt.prediction.marp.allocator import MemEvent
+from frenzy_opt.prediction.marp.allocator.replay import MemEvent
 
 PHASES = ("setup", "forward", "backward", "optimizer")
 

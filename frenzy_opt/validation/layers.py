@@ -23,7 +23,8 @@ from frenzy_opt.hardware.gpus import lookup_gpu
 from frenzy_opt.hardware.topology import Links
 from frenzy_opt.models.arch import ModelArch
 from frenzy_opt.prediction.profiles import LayerProfile, LayerShape, ProfilePoint
-from frenzy_opt.prediction.steptime import StepTimeModel, step_terms
+from frenzy_opt.prediction.stepterms import step_terms
+from frenzy_opt.prediction.steptime import StepTimeModel
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -42,6 +42,7 @@ from typing import Any
 from frenzy_opt.core.enums import Precision, Recompute, Runtime
 from frenzy_opt.core.spec import ZERO_STAGES_BY_RUNTIME, JobSpec, ParallelConfig, TrainingConfig, check_parallel
 from frenzy_opt.hardware.gpus import GpuType, lookup_gpu
+from frenzy_opt.hardware.topology import Links
 from frenzy_opt.models.arch import ModelArch
 from frenzy_opt.prediction.fitting import (
     FitPoint,
@@ -51,19 +52,16 @@ from frenzy_opt.prediction.fitting import (
     per_runtime_parameter,
     scalar_parameter,
 )
+from frenzy_opt.prediction.flops import peak_tflops, step_flops
+from frenzy_opt.prediction.stepeval import profiled_point
+from frenzy_opt.prediction.stepterms import StepTerms, step_terms
 from frenzy_opt.prediction.steptime import (
     DEFAULT_EFFICIENCY,
     FIT_PATH,
     MAX_RELATIVE_EFFICIENCY,
     MIN_BAND_RUNS,
-    Links,
-    StepTerms,
     StepTimeModel,
-    peak_tflops,
-    profiled_point,
     shipped_model,
-    step_flops,
-    step_terms,
 )
 from frenzy_opt.validation.measured import _first_int, _vocab, read_rows
 

@@ -16,7 +16,7 @@ One pipeline rank's bound is a sum of named rows (bytes), each shown by ``frenzy
 * ``allocator_reserve``: what the caching allocator must hold beyond the live blocks. It is **not a
   constant**: :func:`stage_events` writes the rank's step as an allocation trace (states, then two steps
   of forward activations, the peak phase's temporaries, the backward that frees them) at the bounded sizes,
-  and :func:`frenzy_opt.prediction.marp.allocator.replay` runs it through the model of PyTorch's caching
+  and :func:`frenzy_opt.prediction.marp.allocator.replay.replay` runs it through the model of PyTorch's caching
   allocator; the reserve is its peak reserved minus its peak allocated.
 * ``cuda_context`` and ``nccl_buffers``: device memory outside the allocator, seen by nvidia-smi: the CUDA
   context (fitted per GPU architecture) and NCCL's buffers, one set per communicator the layout creates
@@ -39,7 +39,8 @@ from dataclasses import dataclass
 
 from frenzy_opt.core.enums import Runtime
 from frenzy_opt.core.spec import ParallelConfig
-from frenzy_opt.prediction.marp.allocator import CachingAllocatorModel, MemEvent
+from frenzy_opt.prediction.marp.allocator.model import CachingAllocatorModel
+from frenzy_opt.prediction.marp.allocator.replay import MemEvent
 
 MIB = 2**20
 
