@@ -37,7 +37,14 @@ from frenzy_opt.hardware.cluster import ClusterSpec
 from frenzy_opt.hardware.gpus import GpuType
 from frenzy_opt.planning.candidates import RECOMPUTE_ORDER, Shape, configs_at, dp_choices, lower_bound, shapes
 from frenzy_opt.planning.group import Candidate, GpuGroup, Tally, gpu_groups, pins_whole_layout
-from frenzy_opt.planning.plans import DEFAULT_STEP_MODEL, accepted_plans, enumerate_plans, headroom_of, rank_key
+from frenzy_opt.planning.plans import (
+    DEFAULT_STEP_MODEL,
+    accepted_plans,
+    collector_paused,
+    enumerate_plans,
+    headroom_of,
+    rank_key,
+)
 from frenzy_opt.prediction.marp.fit import SHIPPED_FIT, MemoryFit
 from frenzy_opt.prediction.marp.predictor import DEFAULT_CUDA, CudaTerms
 from frenzy_opt.prediction.steptime import StepTimeModel
@@ -46,6 +53,7 @@ Admit = Callable[[str, int], bool]
 """Whether a (GPU type, GPU count) is wanted at all (e.g. the placement rule places that many GPUs)."""
 
 
+@collector_paused()
 def fastest_plans(
     job: JobSpec,
     cluster: ClusterSpec,
@@ -93,7 +101,8 @@ class _Entry:
 
     level: _Level
     candidate: Candidate | None
-    """None for a candidate the plan filter refused (its stand-ins' plans are ``settled``)."""
+    """None once nothing is left to decide (no open GPU), and for a candidate the plan filter refused (its
+    stand-ins' plans are ``settled``)."""
     open: list[GpuType] = field(default_factory=list)
     settled: list[Plan] = field(default_factory=list)
     fits: bool | None = None
@@ -176,6 +185,8 @@ class _GroupSearch:
             elif (plan := group.resolve(candidate, gpu, headroom)) is not None:
                 entry.settled.append(plan)
         entry.fits = True if entry.settled else (None if entry.open else False)
+        if not entry.open:
+            entry.candidate = None  # nothing left to decide: let its models and bounds go
         return entry
 
     def _pool(self, entry: _Entry) -> None:
