@@ -63,7 +63,7 @@ validate: install
 	&& FRENZY_CALIBRATIONS=$$d $(BIN)/frenzy validate steptime $(STEPTIME_CALIBRATION) --calibration sailor \
 	--out docs/steptime-validation-profiled.md; rm -rf $$d; \
 	else echo "make validate: $(SAILOR_PROFILES) not found; skipping the layer-profile reports"; fi
-	$(BIN)/python -m frenzy_opt.validation.report --out docs/marp-harness.md
+	$(BIN)/python -m frenzy_opt.validation.harness_report --out docs/marp-harness.md
 
 # Refit the shipped parameters (frenzy_opt/data/memory-fit.json, frenzy_opt/data/steptime-fit.json).
 calibrate: install

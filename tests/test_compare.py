@@ -30,10 +30,11 @@ from frenzy_opt.research.compare import (
     variant_key,
 )
 from frenzy_opt.research.experiment import Experiment, SeededRuns, paired, run_policies
-from frenzy_opt.research.report import Section, parse_sections, sensitivity_section
+from frenzy_opt.research.report import Section, parse_sections
+from frenzy_opt.research.report_tables import sensitivity_section
 from frenzy_opt.research.stats import paired_ci95, relative_reductions
-from frenzy_opt.simulation.profiles import read_sia_profiles
 from frenzy_opt.simulation.siareplay import RESCALE_S, load_sia_replay
+from frenzy_opt.simulation.throughputs import read_sia_profiles
 from frenzy_opt.simulation.truth import TruthSpec
 from frenzy_opt.solvers.base import make_policy
 
@@ -123,8 +124,8 @@ def test_sensitivity_variants_change_sia_rounds_and_restart_costs() -> None:
     from frenzy_opt.hardware.topology import Topology
     from frenzy_opt.planning.scenario import Scenario
     from frenzy_opt.research.experiment import Experiment
-    from frenzy_opt.simulation.profiles import read_sia_profiles
     from frenzy_opt.simulation.siareplay import load_sia_replay
+    from frenzy_opt.simulation.throughputs import read_sia_profiles
 
     cluster = load_cluster_ref(str(DATA / "cluster.yaml"))
     topology = Topology(cluster)

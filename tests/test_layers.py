@@ -35,7 +35,6 @@ LAYERS = {
     "frenzy_opt.api": 8,
     "frenzy_opt.client": 9,
     "frenzy_opt.cli": 9,
-    "frenzy_opt.reference": 9,
 }
 
 

@@ -14,12 +14,12 @@ import yaml
 
 from frenzy_opt.api.schemas import JobIn
 from frenzy_opt.cli import main
+from frenzy_opt.cli.fieldref import render, rows_of
 from frenzy_opt.core.spec import parse_job
 from frenzy_opt.hardware.cluster import parse_cluster
 from frenzy_opt.hardware.gpus import KEY_OF_FIELD, GpuType
 from frenzy_opt.models.catalog import parse_model
 from frenzy_opt.planning import scenario
-from frenzy_opt.reference import render, rows_of
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "reference.md"

@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 
 from frenzy_opt.cli import main
+from frenzy_opt.cli.fieldref import render
 from frenzy_opt.core.runtimes import CAPABILITIES, capability_table, runtime_refusal
 from frenzy_opt.core.spec import JobSpec, ParallelConfig, parse_job
 from frenzy_opt.hardware.cluster import parse_cluster
 from frenzy_opt.planning.candidates import MICRO_BATCH_CHOICES
 from frenzy_opt.planning.plans import enumerate_plans
-from frenzy_opt.reference import render
 
 CLUSTER = parse_cluster(
     {

@@ -11,7 +11,6 @@ import pytest
 from frenzy_opt.cli import main
 from frenzy_opt.hardware.topology import Topology
 from frenzy_opt.planning.scenario import load_cluster_ref
-from frenzy_opt.simulation.profiles import read_sia_profiles
 from frenzy_opt.simulation.siareplay import (
     RESCALE_S,
     SLOWDOWN,
@@ -20,6 +19,7 @@ from frenzy_opt.simulation.siareplay import (
     read_validation,
 )
 from frenzy_opt.simulation.simulator import Simulator, check_result
+from frenzy_opt.simulation.throughputs import read_sia_profiles
 from frenzy_opt.solvers.base import make_policy
 
 DATA = Path(__file__).parent / "data" / "sia_replay"

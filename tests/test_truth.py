@@ -19,8 +19,8 @@ from frenzy_opt.planning.scenario import Request
 from frenzy_opt.prediction import steptime
 from frenzy_opt.research.experiment import truth_metrics
 from frenzy_opt.research.stats import ci95_half_width, student_t_quantile
-from frenzy_opt.simulation.profiles import ProfileTable, read_gavel_throughputs, read_sia_profiles
 from frenzy_opt.simulation.simulator import Action, ModelTruth, SimJob, SimResult, Simulator, Start, Truth, check_result
+from frenzy_opt.simulation.throughputs import ProfileTable, read_gavel_throughputs, read_sia_profiles
 from frenzy_opt.simulation.truth import NoisyTruth, ProfiledTruth, truth_spec
 from frenzy_opt.solvers.base import make_policy
 from frenzy_opt.solvers.roundbased import known_step_s

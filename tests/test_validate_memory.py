@@ -13,17 +13,10 @@ import pytest
 
 from frenzy_opt.cli import main
 from frenzy_opt.prediction.marp.fit import MemoryFit, load_fit
-from frenzy_opt.validation.measured import (
-    calibrate,
-    cross_validate,
-    fit,
-    parse_row,
-    read_measurements,
-    score_run,
-    summarise,
-    usable,
-    validate,
-)
+from frenzy_opt.validation.memory_fit import cross_validate, fit
+from frenzy_opt.validation.memory_runs import parse_row, read_measurements, usable
+from frenzy_opt.validation.memory_scores import score_run, summarise
+from frenzy_opt.validation.memory_validation import calibrate, validate
 
 OWN = Path(__file__).parent / "data" / "memory-own.csv"
 
@@ -72,7 +65,7 @@ def test_leave_one_source_out_fits_without_the_held_out_source(monkeypatch: pyte
         seen.append({r.source for r in rows})
         return original(rows, base)
 
-    monkeypatch.setattr("frenzy_opt.validation.measured.fit", spy)
+    monkeypatch.setattr("frenzy_opt.validation.memory_fit.fit", spy)
     scores = cross_validate(runs)
     sources = {r.source for r in runs}
     assert len(scores) == len(runs) and len(seen) == len(sources)

@@ -17,19 +17,10 @@ from frenzy_opt.cli import main
 from frenzy_opt.hardware.gpus import lookup_gpu
 from frenzy_opt.prediction.calibrations import CalibrationStore, check_name
 from frenzy_opt.prediction.steptime import StepTimeModel, shipped_model
-from frenzy_opt.validation.steptime import (
-    REQUIRED_COLUMNS,
-    cross_validate,
-    fit,
-    links_of,
-    parse_row,
-    predict_s,
-    read_runs,
-    refused,
-    runs_from_reports,
-    score,
-    summarise,
-)
+from frenzy_opt.validation.steptime_fit import cross_validate, fit, predict_s, score
+from frenzy_opt.validation.steptime_hardware import links_of
+from frenzy_opt.validation.steptime_runs import REQUIRED_COLUMNS, parse_row, read_runs, runs_from_reports
+from frenzy_opt.validation.steptime_validation import refused, summarise
 
 COLUMNS = (*REQUIRED_COLUMNS, "model", "notes", "metric")
 # Made-up runs in the calibration format (no published figures): three "sources", two GPU types.

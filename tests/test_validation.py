@@ -9,7 +9,7 @@ from frenzy_opt.prediction.marp.activations import native_operators
 from frenzy_opt.prediction.marp.predictor import predict_memory
 from frenzy_opt.validation.cases import CASES, Case
 from frenzy_opt.validation.harness import check_supported, measure
-from frenzy_opt.validation.report import run_case, to_markdown
+from frenzy_opt.validation.harness_report import run_case, to_markdown
 
 TOLERANCE = 0.03
 

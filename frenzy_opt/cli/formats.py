@@ -41,7 +41,7 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 
 def cmd_reference(args: argparse.Namespace) -> int:
-    from frenzy_opt.reference import payload, render
+    from frenzy_opt.cli.fieldref import payload, render
 
     def show(_: Console) -> None:
         sys.stdout.write(render())

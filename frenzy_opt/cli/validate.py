@@ -23,7 +23,9 @@ from frenzy_opt.cli.common import _emit
 
 def _validate_steptime(args: argparse.Namespace) -> int:
     from frenzy_opt.prediction.calibrations import resolve_model
-    from frenzy_opt.validation.steptime import fittable, refused, render_markdown, validate
+    from frenzy_opt.validation.steptime_report import render_markdown
+    from frenzy_opt.validation.steptime_runs import fittable
+    from frenzy_opt.validation.steptime_validation import refused, validate
 
     result = validate(args.file, resolve_model(args.calibration))
     refusals = {r.row_id: refused(r) for r in fittable(result.runs)}
@@ -94,7 +96,7 @@ def _validate_layers(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from frenzy_opt.validation.measured import render_markdown, validate
+    from frenzy_opt.validation.memory_validation import render_markdown, validate
 
     if args.what == "steptime":
         return _validate_steptime(args)
@@ -130,16 +132,9 @@ def _calibrate_steptime(args: argparse.Namespace) -> int:
     """``--name steptime``: refit the shipped step-time parameters; any other name: a user's profile."""
     from frenzy_opt.prediction.calibrations import CalibrationStore, check_name
     from frenzy_opt.prediction.steptime import shipped_model
-    from frenzy_opt.validation.steptime import (
-        calibrate,
-        cross_validate,
-        fit,
-        read_any,
-        score,
-        summarise,
-        usable,
-        write_fit,
-    )
+    from frenzy_opt.validation.steptime_fit import cross_validate, fit, score
+    from frenzy_opt.validation.steptime_runs import read_any, usable
+    from frenzy_opt.validation.steptime_validation import calibrate, summarise, write_fit
 
     files = [args.file, *args.more]
     shipped = shipped_model()
@@ -200,14 +195,9 @@ def _calibrate_steptime(args: argparse.Namespace) -> int:
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from frenzy_opt.prediction.marp.fit import FIT_PATH, load_fit
-    from frenzy_opt.validation.measured import (
-        calibrate,
-        read_measurements,
-        score_run,
-        summarise,
-        usable,
-        write_fit,
-    )
+    from frenzy_opt.validation.memory_runs import read_measurements, usable
+    from frenzy_opt.validation.memory_scores import score_run, summarise
+    from frenzy_opt.validation.memory_validation import calibrate, write_fit
 
     if args.name != "memory":
         return _calibrate_steptime(args)

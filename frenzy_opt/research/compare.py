@@ -21,9 +21,9 @@ from frenzy_opt.hardware.cluster import ClusterSpec
 from frenzy_opt.hardware.topology import Topology
 from frenzy_opt.planning.scenario import Scenario, load_scenario
 from frenzy_opt.research.experiment import Experiment, Progress, SeededRuns, run_policies, run_seeds
-from frenzy_opt.simulation.profiles import read_sia_profiles
 from frenzy_opt.simulation.siareplay import load_sia_replay
 from frenzy_opt.simulation.simulator import SimJob, SimResult, Simulator
+from frenzy_opt.simulation.throughputs import read_sia_profiles
 from frenzy_opt.simulation.truth import SIA_TABLES, TruthKind, TruthSpec
 from frenzy_opt.solvers.base import make_policy
 

@@ -16,7 +16,7 @@ With the batch size fixed (``--disable_bsz_tuning``) the gain depends only on th
 fixed number of iterations, :func:`iterations_to_complete`: Σ_e Δprogress_e / gain(B, e).
 
 **Speed** (``Job.step``): one iteration of batch B on a placement takes the table's time
-(:meth:`~frenzy_opt.simulation.profiles.ProfileTable.batch_s`, Sia's ``get_throughput`` with gradient accumulation)
+(:meth:`~frenzy_opt.simulation.throughputs.ProfileTable.batch_s`, Sia's ``get_throughput`` with gradient accumulation)
 times the application's calibration slowdown (``simulator_config.py`` ``SLOWDOWNS``: goodput × 1/slowdown).
 
 **Restarts** (``Job.reallocate``): every change of placement, the first start included, stalls the job for
@@ -24,8 +24,8 @@ the application's ``rescale_time`` (:data:`RESCALE_S`); ``SimJob.startup_s`` car
 
 **Deviations, stated:** the effective batch is B (the artefact's ``num_replicas · ceil(B / num_replicas)``
 differs by rounding for counts that do not divide B); placements are only those with a profile
-(no 3-D interpolation, :mod:`frenzy_opt.simulation.profiles`); ncf's batch is the workload's (the artefact overrides it
-to 32,768 for Sia's policy); ``gpt_pmp`` is not read.
+(no 3-D interpolation, :mod:`frenzy_opt.simulation.throughputs`); ncf's batch is the workload's (the artefact
+overrides it to 32,768 for Sia's policy); ``gpt_pmp`` is not read.
 
 **What policies know** before a job has run: a one-GPU profile per GPU type scaled linearly with the GPU
 count (:func:`predicted_s`) — Sia's paper bootstraps each job with a one-GPU profile of every type; the
@@ -46,8 +46,8 @@ from frenzy_opt.hardware.topology import Topology
 from frenzy_opt.planning.plans import Plan
 from frenzy_opt.planning.problem import Option
 from frenzy_opt.planning.scenario import Request
-from frenzy_opt.simulation.profiles import ProfileTable
 from frenzy_opt.simulation.simulator import SimJob
+from frenzy_opt.simulation.throughputs import ProfileTable
 
 # Epochs to completion per application: sia-simulator/applications.py, APPLICATIONS (max_epochs=...).
 MAX_EPOCHS: dict[str, int] = {"bert": 2, "cifar10": 100, "ncf": 10, "imagenet": 90, "deepspeech2": 80, "yolov3": 50}

@@ -9,8 +9,8 @@ know (``frenzy simulate --truth model|noisy|profiled``).
   included). One draw per (seed, job, GPU type): a job restarted on the same type runs at the same speed,
   and every GPU count of a type shares the job's error there.
 * ``profiled`` (:class:`ProfiledTruth`): measured speeds of a real application from Sia's or Gavel's tables
-  (:mod:`frenzy_opt.simulation.profiles`). An LLM job is matched to one profiled application (default: Sia's ``bert``,
-  the only transformer Sia profiled on every GPU type it has; Gavel's ``Transformer``) and *anchored* on one
+  (:mod:`frenzy_opt.simulation.throughputs`). An LLM job is matched to one profiled application (default: Sia's
+  ``bert``, the only transformer Sia profiled on every GPU type it has; Gavel's ``Transformer``) and *anchored* on one
   configuration, its user's request when profiled, else its profiled configuration with the fewest GPUs:
   there it runs at the predicted step time (the trace's GPU-time, :mod:`frenzy_opt.simulation.tracemap`), elsewhere at
   that times the application's measured time ratio between the two configurations (one batch each, of the
@@ -22,7 +22,7 @@ know (``frenzy simulate --truth model|noisy|profiled``).
   (``truth_fallback_runs``, ``truth_fallback_gpu_share``), never silent.
 
 Issue 12 replays Sia's own workloads, whose jobs *are* profiled applications: the same table answers them
-through :meth:`~frenzy_opt.simulation.profiles.ProfileTable.batch_s` with the job's own application and batch size.
+through :meth:`~frenzy_opt.simulation.throughputs.ProfileTable.batch_s` with the job's own application and batch size.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ import numpy as np
 
 from frenzy_opt.hardware.placement import gpus_per_node
 from frenzy_opt.planning.problem import Option
-from frenzy_opt.simulation.profiles import ProfileTable, read_gavel_throughputs, read_sia_profiles
 from frenzy_opt.simulation.simulator import ModelTruth, SimJob, Truth
+from frenzy_opt.simulation.throughputs import ProfileTable, read_gavel_throughputs, read_sia_profiles
 
 TRACES_ROOT = Path("../shared/traces")
 """Where the public tables live when present (relative to the working directory, the repository root)."""

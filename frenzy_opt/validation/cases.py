@@ -3,7 +3,7 @@ recompute, attention kernels, GQA, MoE, tied embeddings, and tp/pp/cp/ep/ZeRO th
 
 Each case is a contract-1 job spec (the Megatron-style runtime, the one the harness emulates). The same
 list drives the tests (``tests/test_validation.py``) and the report (``python -m
-frenzy_opt.validation.report``).
+frenzy_opt.validation.harness_report``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Run the validation cases and write the MARP-vs-measured table (Markdown).
 
-    python -m frenzy_opt.validation.report --out docs/marp-harness.md          # FakeTensorMode
-    python -m frenzy_opt.validation.report --real --cases small-base,small-tp2     # real CPU execution
+    python -m frenzy_opt.validation.harness_report --out docs/marp-harness.md          # FakeTensorMode
+    python -m frenzy_opt.validation.harness_report --real --cases small-base,small-tp2     # real CPU execution
 
 Each pipeline stage of each case is measured (peak tensor bytes under MemTracker) and predicted by MARP
 with the CUDA-only terms off; the error is prediction / measurement - 1.
@@ -114,7 +114,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
     command = (
-        "python -m frenzy_opt.validation.report"
+        "python -m frenzy_opt.validation.harness_report"
         + (" --real" if args.real else "")
         + (f" --cases {args.cases}" if args.cases else "")
     )
