@@ -1,10 +1,17 @@
-"""Imports point one way, from the CLI down to the specs: each concept package sits on a layer."""
+"""Imports follow the design: each concept package builds only on the packages it is meant to build on.
+
+:data:`DEPENDS` is written from the design (docs/architecture.md, "Imports point one way"), not read off
+the import graph: a package may import what its entries give, transitively, and nothing else of the
+project. A new edge between packages is a design change, made here and in the docs first. Narrower rooms
+inside a package (the training worker) have entries of their own.
+"""
 
 from __future__ import annotations
 
 import ast
 import subprocess
 import sys
+from functools import cache
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -15,35 +22,51 @@ FOLDERS = {
     "solvers": "frenzy_opt.solvers",
     "api": "frenzy_opt.api",
 }
-# Packages by concept, lowest first; a module may import only its own layer or lower ones (docs/architecture.md).
-LAYERS = {
-    "frenzy_opt.models": 0,
-    "frenzy_opt.yamlload": 0,
-    "frenzy_opt.core": 1,
-    "frenzy_opt.formats": 1,
-    "frenzy_opt.hardware": 2,
-    "frenzy_opt.prediction": 3,
-    "frenzy_opt.planning": 4,
-    "frenzy_opt.tracing": 4,
-    "frenzy_opt.validation": 5,
-    "frenzy_opt.launch": 5,
-    "frenzy_opt.simulation": 5,
-    "frenzy_opt.plots": 6,
-    "frenzy_opt.solvers": 6,
-    "frenzy_opt.service": 7,
-    "frenzy_opt.research": 7,
-    "frenzy_opt.api": 8,
-    "frenzy_opt.client": 9,
-    "frenzy_opt.cli": 9,
+DEPENDS: dict[str, set[str]] = {
+    "yamlload": set(),  # YAML through libyaml's C parser: a leaf every package may use
+    "models": {"yamlload"},  # architectures, exact parameter counts, the catalogue, the reference decoder
+    "core": {"models"},  # the job spec, the plan and measurement records, enums, the runtimes' table
+    "formats": {"core"},  # job specs from other tools' configurations
+    "hardware": {"core"},  # GPUs, clusters, topology, placement, measured kernel and link rates
+    "prediction": {"hardware"},  # MARP and the step-time model
+    "planning": {"prediction"},  # plans and the scheduling problem
+    "tracing": {"prediction"},  # MARP's figures from real runtimes under FakeTensorMode
+    "validation": {"planning", "tracing"},  # predictions against measured runs
+    "launch": {
+        "planning",
+        "launch.worker",
+    },  # the executors: a plan becomes processes (the worker's rule, what it runs)
+    "launch.worker": {"core"},  # what one training rank runs: no planner, MARP or solver
+    "simulation": {"planning"},  # the discrete-event simulator and its truths
+    "solvers": {"simulation"},  # the greedy, CP-SAT, the bound, the baselines, the simulator's policies
+    "plots": {"simulation"},
+    "service": {"solvers", "launch"},  # the orchestrator and its store
+    "research": {"solvers", "plots"},  # experiments and comparisons over policies
+    "api": {"service"},
+    "client": {"planning"},  # the HTTP client; planning only to find shipped scenario files by name
+    "cli": {"api", "research", "validation", "formats", "client"},
 }
 
 
-def _layer(module: str) -> int | None:
+@cache
+def allowed(package: str) -> frozenset[str]:
+    """The packages ``package`` may import: its own, its entries and theirs, transitively."""
+    found = {package}
+    for below in DEPENDS[package]:
+        found |= allowed(below)
+    return frozenset(found)
+
+
+def package_of(module: str) -> str | None:
+    """The :data:`DEPENDS` entry a ``frenzy_opt`` module belongs to (the longest that prefixes it)."""
+    if not module.startswith("frenzy_opt."):
+        return None
+    name = module.removeprefix("frenzy_opt.")
     best = None
-    for prefix, layer in LAYERS.items():
-        if (module == prefix or module.startswith(prefix + ".")) and (best is None or len(prefix) > len(best[0])):
-            best = (prefix, layer)
-    return None if best is None else best[1]
+    for package in DEPENDS:
+        if (name == package or name.startswith(package + ".")) and (best is None or len(package) > len(best)):
+            best = package
+    return best
 
 
 def _modules() -> list[tuple[str, Path]]:
@@ -56,37 +79,53 @@ def _modules() -> list[tuple[str, Path]]:
     return found
 
 
-def test_every_module_has_a_layer() -> None:
-    missing = [name for name, _ in _modules() if name != "frenzy_opt" and _layer(name) is None]
-    assert not missing
-
-
-def _runtime_imports(tree: ast.Module) -> list[ast.AST]:
-    """Every node but those under ``if TYPE_CHECKING:`` (imports for annotations only: no run-time edge)."""
+def _runtime_imports(tree: ast.Module) -> list[str]:
+    """The modules imported outside ``if TYPE_CHECKING:`` (imports for annotations only are no run-time
+    edge)."""
     skipped: set[int] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
             skipped.update(id(inner) for stmt in node.body for inner in ast.walk(stmt))
-    return [node for node in ast.walk(tree) if id(node) not in skipped]
+    targets = []
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            targets += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            targets.append(node.module)
+    return targets
 
 
-def test_nothing_imports_upward() -> None:
+def test_every_module_belongs_to_a_package_of_the_design() -> None:
+    missing = [name for name, _ in _modules() if name != "frenzy_opt" and package_of(name) is None]
+    assert not missing
+
+
+def test_the_design_has_no_cycle_and_names_only_its_packages() -> None:
+    for package, below in DEPENDS.items():
+        assert below <= DEPENDS.keys(), package
+        assert all(package not in allowed(b) for b in below), f"{package} depends on itself"
+
+
+def test_every_import_is_one_the_design_allows() -> None:
     violations = []
     for name, path in _modules():
-        own = _layer(name)
+        own = package_of(name)
         if own is None:
             continue
-        for node in _runtime_imports(ast.parse(path.read_text(encoding="utf-8"))):
-            targets = []
-            if isinstance(node, ast.Import):
-                targets = [alias.name for alias in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module:
-                targets = [node.module]
-            for target in targets:
-                layer = _layer(target)
-                if layer is not None and layer > own:
-                    violations.append(f"{name} imports {target}")
+        for target in _runtime_imports(ast.parse(path.read_text(encoding="utf-8"))):
+            to = package_of(target)
+            if to is not None and to not in allowed(own):
+                violations.append(f"{name} ({own}) imports {target} ({to})")
     assert not violations
+
+
+def test_the_check_refuses_an_edge_the_design_lacks() -> None:
+    """The rule could fail: the planner importing the service, or the worker the planner, is refused."""
+    assert package_of("frenzy_opt.service.store") not in allowed(package_of("frenzy_opt.planning.plans") or "")
+    assert "planning" not in allowed(package_of("frenzy_opt.launch.worker.train") or "")
+    assert "planning" in allowed(package_of("frenzy_opt.launch.executors.local") or "")
 
 
 def test_a_training_rank_loads_no_planner() -> None:

@@ -10,7 +10,7 @@ per-runtime table (:func:`per_runtime_parameter`) or a plain field (:func:`scala
 relative error, symmetric in over- and under-prediction) plus an optional weak pull towards the starting
 parameters, by Levenberg-Marquardt (Marquardt 1963) over the logarithms of the parameters with a numerical
 Jacobian, each clipped to its range. ``frenzy calibrate`` and the step-time validation's cross-validation
-(:mod:`frenzy_opt.validation.steptime`) and the closed loop's recalibration
+(:mod:`frenzy_opt.validation.steptime_validation`) and the closed loop's recalibration
 (:mod:`frenzy_opt.prediction.closedloop`) all fit with it.
 """
 

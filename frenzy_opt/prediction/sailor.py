@@ -58,7 +58,7 @@ MODELS = {
     "LLAMA-3-8": _Model(heads=32, mlp="swiglu", up_factor=12, linear_factor=15, learned_positions=False),
 }
 RUNTIME = "deepspeed"
-"""Megatron-DeepSpeed, which :func:`frenzy_opt.validation.steptime.runtime_of` calls deepspeed."""
+"""Megatron-DeepSpeed, which :func:`frenzy_opt.validation.steptime_runs.runtime_of` calls deepspeed."""
 
 
 def _shape(name: str, info: dict[str, dict[str, dict[str, int]]]) -> LayerShape:

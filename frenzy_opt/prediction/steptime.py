@@ -71,7 +71,7 @@ nccl-tests figures in data/collectives.yaml), so the many small collectives of a
 free.
 
 Fitted parameters (:class:`StepTimeModel`) ship in ``data/steptime-fit.json``, refitted from measured runs
-by ``frenzy calibrate FILE.csv`` (:mod:`frenzy_opt.validation.steptime`).
+by ``frenzy calibrate FILE.csv`` (:mod:`frenzy_opt.validation.steptime_validation`).
 
 This module holds those parameters (:class:`StepTimeModel`, :func:`shipped_model`) and :func:`step_time`, a
 job's step time. The model's parts: the step's volumes (:mod:`frenzy_opt.prediction.stepterms`), their

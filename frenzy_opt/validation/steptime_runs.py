@@ -11,7 +11,7 @@ parallelism, ZeRO stage, recompute), the GPU type and the links of the row's own
 (:func:`~frenzy_opt.validation.steptime_hardware.links_of`). Where a source leaves a field out, the rule used
 is stated in the row's ``assumptions``; a row that cannot be modelled carries ``skip_reason`` (nothing is
 dropped silently). Rows measured as TFLOP/s per GPU are turned into seconds with the model's own FLOP count
-(:func:`frenzy_opt.prediction.steptime.step_flops`), so their error is the error of the predicted TFLOP/s.
+(:func:`frenzy_opt.prediction.flops.step_flops`), so their error is the error of the predicted TFLOP/s.
 
 **Heterogeneous rows** (several GPU types in one job) are priced on their slowest GPU type and slowest
 network: a pipeline or data-parallel group runs at the pace of its slowest member (Narayanan et al. 2021,

@@ -1,7 +1,7 @@
 """The fitted memory parameters MARP ships with (``frenzy_opt/data/memory-fit.json``).
 
 ``frenzy calibrate ../shared/calibration/memory-measured.csv --name memory`` refits them
-(:func:`frenzy_opt.validation.measured.fit`) from the calibration file's published measured runs and
+(:func:`frenzy_opt.validation.memory_fit.fit`) from the calibration file's published measured runs and
 writes the file; :func:`load_fit` reads it. Without a shipped file the public defaults of
 :class:`frenzy_opt.prediction.marp.predictor.CudaTerms` apply and the bound's margins are 0.
 """
