@@ -9,12 +9,24 @@ from typing import Any
 from frenzy_opt.api.app import ServiceConfig
 from frenzy_opt.api.auth import parse_tenants
 from frenzy_opt.core.spec import ParallelConfig
+from frenzy_opt.hardware.cluster import ClusterSpec, parse_cluster
 from frenzy_opt.hardware.gpus import lookup_gpu
 from frenzy_opt.hardware.topology import Topology
 from frenzy_opt.launch.executors.simulated import SimulatedExecutor
 from frenzy_opt.planning.plans import Plan
 from frenzy_opt.planning.problem import Option
 from frenzy_opt.planning.scenario import load_cluster_ref
+
+
+def cluster_of(*groups: tuple[str, int, int], name: str = "test") -> ClusterSpec:
+    """A cluster of (GPU type, nodes, GPUs per node) groups on a 100 Gbit/s network."""
+    return parse_cluster(
+        {
+            "name": name,
+            "node_groups": [{"gpu": g, "num_nodes": n, "gpus_per_node": k} for g, n, k in groups],
+            "network": {"inter_node_gbps": 100},
+        }
+    )
 
 
 def synthetic_plan(gpu_type: str, num_gpus: int, step_s: float | None = None) -> Plan:

@@ -6,9 +6,10 @@ from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
+from factories import cluster_of
 
 from frenzy_opt.core.spec import JobSpec, parse_job
-from frenzy_opt.hardware.cluster import ClusterSpec, parse_cluster
+from frenzy_opt.hardware.cluster import ClusterSpec
 from frenzy_opt.hardware.topology import Topology
 from frenzy_opt.launch.executors.common import plan_supported
 from frenzy_opt.planning.fastest import fastest_plans
@@ -17,13 +18,7 @@ from frenzy_opt.planning.problem import best_per_count, search_options
 
 
 def _cluster(*groups: tuple[str, int, int]) -> ClusterSpec:
-    return parse_cluster(
-        {
-            "name": "fastest",
-            "node_groups": [{"gpu": g, "num_nodes": n, "gpus_per_node": k} for g, n, k in groups],
-            "network": {"inter_node_gbps": 100},
-        }
-    )
+    return cluster_of(*groups, name="fastest")
 
 
 def _job(model: str, parallel: dict[str, object] | None = None, **training: object) -> JobSpec:

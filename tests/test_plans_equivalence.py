@@ -24,9 +24,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from factories import cluster_of
 
 from frenzy_opt.core.spec import JobSpec, parse_job
-from frenzy_opt.hardware.cluster import ClusterSpec, parse_cluster
+from frenzy_opt.hardware.cluster import ClusterSpec
 from frenzy_opt.planning.plans import Plan, enumerate_plans
 
 SNAPSHOT = Path(__file__).parent / "data" / "plans-snapshot.json"
@@ -35,13 +36,7 @@ FULL_ROWS = ("gpt3-350m-two-types",)
 
 
 def _cluster(*groups: tuple[str, int, int]) -> ClusterSpec:
-    return parse_cluster(
-        {
-            "name": "snapshot",
-            "node_groups": [{"gpu": g, "num_nodes": n, "gpus_per_node": k} for g, n, k in groups],
-            "network": {"inter_node_gbps": 100},
-        }
-    )
+    return cluster_of(*groups, name="snapshot")
 
 
 def _job(model: str, parallel: dict[str, object] | None = None, **training: object) -> JobSpec:
