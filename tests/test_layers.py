@@ -25,7 +25,7 @@ FOLDERS = {
 DEPENDS: dict[str, set[str]] = {
     "yamlload": set(),  # YAML through libyaml's C parser: a leaf every package may use
     "models": {"yamlload"},  # architectures, exact parameter counts, the catalogue, the reference decoder
-    "core": {"models"},  # the job spec, the plan and measurement records, enums, the runtimes' table
+    "core": {"models"},  # the job spec, the plan and measurement records, enums, the runtimes' tables
     "formats": {"core"},  # job specs from other tools' configurations
     "hardware": {"core"},  # GPUs, clusters, topology, placement, measured kernel and link rates
     "prediction": {"hardware"},  # MARP and the step-time model

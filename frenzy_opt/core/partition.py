@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 
+from frenzy_opt.core.runtime_profile import profile
 from frenzy_opt.core.spec import ParallelConfig, check_end_stages
 
 SPLIT_RULES = ("even", "megatron", "torchtitan")
@@ -16,8 +17,9 @@ SPLIT_RULES = ("even", "megatron", "torchtitan")
 
 
 def split_rule(runtime: str) -> str:
-    """The split rule of ``runtime``: Megatron-core's, torchtitan's (fsdp2), else the even split."""
-    return {"megatron": "megatron", "fsdp2": "torchtitan"}.get(runtime, "even")
+    """The split rule of ``runtime`` (its profile's ``pipeline_split``): Megatron-core's, torchtitan's (fsdp2),
+    else the even split."""
+    return profile(runtime).pipeline_split
 
 
 @functools.lru_cache(maxsize=4096)

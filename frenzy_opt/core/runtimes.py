@@ -1,6 +1,7 @@
 """What each runtime (training library) can run: the one table the planner searches within, the job-spec
 parser checks pinned fields against, the training worker checks plans against and ``frenzy reference``
-prints.
+prints. How each runtime behaves (its memory layout, operators, overlaps) is its row of
+:mod:`frenzy_opt.core.runtime_profile`, beside this one.
 
 Each row states what the real library runs, with its source, restricted to what frenzy-opt models for it
 (the memory layout of :mod:`frenzy_opt.prediction.marp.layout`, the step-time overlaps of

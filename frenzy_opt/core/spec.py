@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 
 from frenzy_opt.core.enums import Precision, Recompute, Runtime
+from frenzy_opt.core.runtime_profile import profile
 from frenzy_opt.core.runtimes import default_sequence_parallel, runtime_refusal
 from frenzy_opt.models.arch import ModelArch
 from frenzy_opt.models.catalog import parse_model
@@ -86,7 +87,7 @@ class TrainingConfig:
         object.__setattr__(self, "runtime", Runtime(self.runtime))
         if self.loss_chunks is not None:
             _check_positive_int("training.loss_chunks", self.loss_chunks)
-            if self.loss_chunks > 1 and self.runtime != Runtime.FSDP2:
+            if self.loss_chunks > 1 and not profile(self.runtime).chunked_loss:
                 raise ValueError(
                     f"training.loss_chunks > 1 is torchtitan's chunked loss (runtime fsdp2); training.runtime "
                     f"is {self.runtime}, which computes the loss on the full logits (use 1 or null)"
@@ -289,7 +290,7 @@ def check_parallel(model: ModelArch, training: TrainingConfig, parallel: Paralle
             f"parallel.pp x parallel.vpp ({parallel.pp * parallel.vpp}) must be <= model.num_layers ({arch.num_layers})"
         )
     if parallel.first_stage_layers is not None or parallel.last_stage_layers is not None:
-        if training.runtime != Runtime.MEGATRON:
+        if not profile(training.runtime).uneven_pipeline_split:
             raise ValueError(
                 "parallel.first_stage_layers / last_stage_layers are Megatron-core's uneven pipeline split; "
                 f"training.runtime is {training.runtime}"
@@ -353,13 +354,11 @@ def check_zero_stage(training: TrainingConfig, parallel: ParallelConfig) -> None
 
 
 def default_zero_stage(runtime: str, dp: int) -> int:
-    """The ZeRO stage a runtime uses unless told otherwise: FSDP2 fully shards (3); Megatron's
-    distributed optimizer and DeepSpeed's stage 1 shard optimizer states when data parallel; HF DDP none."""
-    if runtime == Runtime.FSDP2:
-        return 3
-    if runtime == Runtime.HF:
-        return 0
-    return 1 if dp > 1 else 0
+    """The ZeRO stage a runtime uses unless told otherwise (its profile's ``default_zero_stage``): FSDP2 fully
+    shards (3, at dp 1 too); Megatron's distributed optimizer and DeepSpeed's stage 1 shard optimizer states
+    when data parallel; HF DDP none."""
+    row = profile(runtime)
+    return row.default_zero_stage if dp > 1 or row.fully_shard else 0
 
 
 def check_headroom(name: str, value: object) -> None:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import functools
 import math
 
+from frenzy_opt.core.runtime_profile import profile
 from frenzy_opt.hardware.gpus import GpuType, load_gpus
 from frenzy_opt.hardware.throughput import Achievable, FlashPoint, achievable
 
@@ -41,10 +42,6 @@ DEFAULT_TILE = (128, 128)
 # of several 64-deep k-tiles (CUTLASS mainloop stages).
 MIN_SPLIT_K = 512
 
-# Which FlashAttention kernel each runtime runs on a GPU generation: Megatron-core with Transformer Engine
-# uses cuDNN's fused attention on Hopper and Blackwell (TE's default backend there); PyTorch's SDPA runs the
-# FlashAttention-2 kernels (its flash backend) elsewhere.
-FLASH_KERNEL = {("megatron", "hopper"): "cuDNN", ("megatron", "blackwell"): "cuDNN"}
 # The reference part whose attention/matmul ratio stands in for a GPU type without its own attention table.
 FLASH_REFERENCE = {
     "ampere": "A100-SXM4-80GB",
@@ -123,7 +120,9 @@ def measured_flash_tflops(rates: Achievable, kernel: str, head_dim: int, seq_len
 @functools.lru_cache(maxsize=4096)
 def flash_tflops(gpu: GpuType, runtime: str, head_dim: int, seq_len: int, precision: str) -> float:
     """FlashAttention's forward-and-backward rate for ``runtime`` on ``gpu`` (module docstring)."""
-    kernel = FLASH_KERNEL.get((runtime, gpu.architecture), "FA2")
+    # cuDNN's fused attention where the runtime's profile runs it (``cudnn_attention_architectures``), else
+    # FlashAttention-2.
+    kernel = "cuDNN" if gpu.architecture in profile(runtime).cudnn_attention_architectures else "FA2"
 
     def measured(rates: Achievable) -> float | None:
         own = measured_flash_tflops(rates, kernel, head_dim, seq_len)

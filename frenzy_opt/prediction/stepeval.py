@@ -5,8 +5,8 @@ The formulas are those of :mod:`frenzy_opt.prediction.steptime`'s docstring: mat
 type's measured rates (:mod:`frenzy_opt.prediction.kernels`), FlashAttention or eager attention, elementwise
 work at the measured bandwidth, the fixed per-layer and per-micro-batch costs, the tensor-, context- and
 expert-parallel collectives and pipeline sends (:mod:`frenzy_opt.prediction.comms`), the 1F1B bubble, the
-exposed data-parallel traffic (:data:`OVERLAP`) and the optimizer step. :class:`GpuRates` is what it reads of
-a GPU type for one job, read once per GPU type by a plan search (:func:`gpu_rates`).
+exposed data-parallel traffic (``RuntimeProfile.dp_overlap``) and the optimizer step. :class:`GpuRates` is
+what it reads of a GPU type for one job, read once per GPU type by a plan search (:func:`gpu_rates`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from frenzy_opt.core.enums import Precision, Runtime
+from frenzy_opt.core.enums import Precision
+from frenzy_opt.core.runtime_profile import profile
 from frenzy_opt.hardware.gpus import GpuType
 from frenzy_opt.hardware.throughput import achievable
 from frenzy_opt.hardware.topology import NETWORK_LATENCY_S, Links
@@ -26,26 +27,12 @@ if TYPE_CHECKING:  # the terms and the parameters import this module (StepTerms.
     from frenzy_opt.prediction.stepterms import StepTerms
     from frenzy_opt.prediction.steptime import StepTimeModel
 
-__all__ = ["FLASH_ARCHITECTURES", "OVERLAP", "GpuRates", "StepTime", "evaluate_terms", "gpu_rates", "profiled_point"]
+__all__ = ["FLASH_ARCHITECTURES", "GpuRates", "StepTime", "evaluate_terms", "gpu_rates", "profiled_point"]
 
 
 # GPU architectures FlashAttention runs on: Ampere, Ada and Hopper (FlashAttention-2 README, "Requirements":
 # Ampere, Ada, or Hopper GPUs) and Blackwell (cuDNN's fused attention); Volta and Turing fall back to eager.
 FLASH_ARCHITECTURES = frozenset({"ampere", "ada", "hopper", "blackwell"})
-
-
-# Which part of the data-parallel traffic each runtime hides behind compute
-# (:mod:`frenzy_opt.prediction.steptime`'s docstring):
-# "last_microbatch" = the last micro-batch's backward (and the first one's forward for the parameter
-# all-gather); "every_microbatch" = each micro-batch's own compute (FSDP2 prefetch); "none" = exposed.
-# DeepSpeed overlaps its ZeRO reduction with the backward (overlap_comm) but its pipeline engine reduces
-# after the flush (DeepSpeed docs, "Pipeline Parallelism": the gradient all-reduce follows the schedule).
-OVERLAP = {
-    "megatron": "last_microbatch",
-    "hf": "last_microbatch",
-    "fsdp2": "every_microbatch",
-    "deepspeed": "last_microbatch",
-}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -205,7 +192,8 @@ def evaluate_terms(
     slots = t.microbatches + (t.pp - 1) / t.vpp
     dp_step = collective_s(links, t.dp_allreduce_bytes, t.dp_group, t.dp_stride, eff)
     dp_mb = collective_s(links, t.dp_microbatch_bytes, t.dp_group, t.dp_stride, eff)
-    mode = OVERLAP.get(t.runtime, "last_microbatch") if t.pp == 1 or t.runtime != Runtime.DEEPSPEED else "none"
+    row = profile(t.runtime)
+    mode = row.dp_overlap if t.pp == 1 else row.dp_overlap_with_pp
     if mode == "every_microbatch":
         exposed = t.microbatches * max(0.0, dp_mb - per_microbatch) + max(0.0, dp_step - per_microbatch)
     elif mode == "last_microbatch":

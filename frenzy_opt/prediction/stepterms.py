@@ -15,7 +15,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from frenzy_opt.core.enums import Precision, Recompute, Runtime
+from frenzy_opt.core.enums import Precision, Recompute
+from frenzy_opt.core.runtime_profile import profile
 from frenzy_opt.core.spec import JobSpec, ParallelConfig, TrainingConfig
 from frenzy_opt.hardware.gpus import GpuType
 from frenzy_opt.hardware.topology import Links
@@ -34,18 +35,6 @@ __all__ = ["STEP_TERMS_CACHE", "StepTerms", "cached_step_terms", "step_terms", "
 # fp32 optimizer traffic per parameter of the shard: Adam reads and writes master weights and two moments
 # and reads the gradient (4 x 2 x 3 + 4 bytes), then writes the 16-bit weight (2 bytes).
 OPTIMIZER_BYTES_PER_PARAM = 30
-
-# Bytes per gradient element in the data-parallel reduction, by runtime: Megatron-core reduces in the
-# training precision unless --grad-reduce-in-fp32 (Megatron-core DDP config, grad_reduce_in_fp32=False);
-# DeepSpeed's fp16 engine all-reduces fp32 gradients ("fp32_allreduce", as the AMP runs state); torchtitan's
-# FSDP2 mixed precision reduces in fp32 (torchtitan config, mixed_precision_reduce = "float32").
-GRAD_REDUCE_FP32 = {"megatron": False, "deepspeed": True, "fsdp2": True, "hf": False}
-
-
-# DeepSpeed's pipeline engine partitions layers by parameter count, the embedding and output layer
-# included (DeepSpeed docs, PipelineModule partition_method="parameters"), so its stages are balanced;
-# Megatron and torchtitan give every stage the same number of transformer layers.
-BALANCED_STAGES = frozenset({"deepspeed"})
 
 
 # fp8 casting: each element quantised is read in bf16 (2 bytes) and written in fp8 (1 byte).
@@ -87,7 +76,7 @@ class StepTerms:
     output_bytes: float
     """The output layer's and loss's HBM traffic per micro-batch (fp32 logits)."""
     balanced: bool
-    """Stages balanced by cost (:data:`BALANCED_STAGES`)."""
+    """Stages balanced by cost (the runtime profile's ``balanced_pipeline_stages``)."""
     elementwise_bytes: float
     """Bytes of one pass over the layers' activations per micro-batch, forward (times 3 with backward)."""
     fp8_cast_bytes: float
@@ -208,6 +197,7 @@ def cached_step_terms(arch: ModelArch, t: TrainingConfig, p: ParallelConfig) -> 
 def step_terms_of(arch: ModelArch, t: TrainingConfig, p: ParallelConfig) -> StepTerms:
     """:func:`step_terms` from the parts of a job spec."""
     microbatches = t.num_micro_batches(p.dp)
+    row = profile(t.runtime)
     act = DTYPE_BYTES["bf16" if t.precision == Precision.FP8 else t.precision]
     seq = t.seq_len
     tokens = t.micro_batch_size * math.ceil(seq / p.cp)
@@ -238,7 +228,7 @@ def step_terms_of(arch: ModelArch, t: TrainingConfig, p: ParallelConfig) -> Step
         # Engine (Megatron) fuses the input casts of the QKV and first MLP GEMMs into the preceding norm
         # (LayerNormLinear, LayerNormMLP) and casts the weights once per step, reusing them over the
         # micro-batches (TE docs, "is_first_microbatch"); torchao's float8 casts everything each time.
-        if t.runtime == Runtime.MEGATRON:
+        if row.fp8_weight_casts_per_step:
             casts = FP8_CAST_BYTES * tokens * widths / 2 * layers * recompute
         else:
             casts = FP8_CAST_BYTES * (tokens * widths + weights) * layers * recompute
@@ -256,8 +246,8 @@ def step_terms_of(arch: ModelArch, t: TrainingConfig, p: ParallelConfig) -> Step
     if p.pp > 1:
         pipeline = 2 * p.vpp * block_bytes / (tp if p.sequence_parallel else 1)
     params = arch.num_params / (tp * p.pp * (p.ep if arch.is_moe else 1))
-    grad = 4 if GRAD_REDUCE_FP32.get(t.runtime, False) or t.precision == Precision.FP32 else act
-    fsdp = p.zero_stage >= 3 or t.runtime == Runtime.FSDP2
+    grad = 4 if row.grad_reduce_fp32 or t.precision == Precision.FP32 else act
+    fsdp = p.zero_stage >= 3 or row.fully_shard
     dp_step = dp_mb = 0.0
     if fsdp:
         # Two parameter all-gathers (forward, backward) and a gradient reduce-scatter per micro-batch:
@@ -267,7 +257,7 @@ def step_terms_of(arch: ModelArch, t: TrainingConfig, p: ParallelConfig) -> Step
         dp_step = (grad + act) / 2 * params  # reduce-scatter gradients, all-gather parameters
     else:
         dp_step = grad * params
-    sharded = p.zero_stage >= 1 or t.runtime == Runtime.FSDP2
+    sharded = p.zero_stage >= 1 or row.fully_shard
     flops = step_flops(arch, t, p)
     linears = _layer_linears(arch, tp, p.ep, tokens) + _router(arch, tokens)
     linear_gemms = _gemms(linears, layers, 2.0 if p.recompute == Recompute.FULL else 1.0)
@@ -291,7 +281,7 @@ def step_terms_of(arch: ModelArch, t: TrainingConfig, p: ParallelConfig) -> Step
         eager=p.attention == "eager",
         eager_attention_bytes=eager,
         output_bytes=logits_bytes,
-        balanced=t.runtime in BALANCED_STAGES,
+        balanced=row.balanced_pipeline_stages,
         elementwise_bytes=elementwise,
         fp8_cast_bytes=casts,
         layers=layers * recompute,

@@ -47,7 +47,7 @@ Per step, after the micro-batches:
   all-reduces the gradients; ZeRO-1/2 and Megatron's distributed optimizer reduce-scatter the gradients and
   all-gather the updated parameters (the same bytes, Rajbhandari et al. 2020, Sec. 7); ZeRO-3/FSDP all-gather the
   parameters for the forward and again for the backward and reduce-scatter the gradients, every micro-batch. Overlap
-  per runtime (:data:`~frenzy_opt.prediction.stepeval.OVERLAP`): Megatron's overlapped grad reduce and param gather
+  per runtime (``RuntimeProfile.dp_overlap``): Megatron's overlapped grad reduce and param gather
   hide behind the last micro-batch's backward and the first one's forward; PyTorch DDP's bucketed all-reduce behind
   the last backward; FSDP2's prefetch behind each micro-batch's compute; DeepSpeed's pipeline engine reduces after
   the flush, exposed;

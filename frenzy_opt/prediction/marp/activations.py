@@ -34,10 +34,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from typing import Any
 
-from frenzy_opt.core.enums import Precision, Recompute, Runtime
+from frenzy_opt.core.enums import Precision, Recompute
+from frenzy_opt.core.runtime_profile import profile
 from frenzy_opt.core.spec import ParallelConfig, TrainingConfig
 from frenzy_opt.models.arch import ModelArch
-from frenzy_opt.prediction.marp.layout import fp8_saves_fp8_inputs
 
 NATIVE_OPS: contextvars.ContextVar[bool] = contextvars.ContextVar("native_ops", default=False)
 """True inside :func:`native_operators`: every runtime is priced with PyTorch-native operators (unfused
@@ -77,7 +77,7 @@ class Dims:
     """Bytes of a 16-bit (or fp32) activation element."""
     a_linear: int
     """Bytes of a saved linear input (1 under fp8 with Transformer Engine, which keeps fp8 copies; torchao
-    under fsdp2 keeps the 16-bit input: see :func:`frenzy_opt.prediction.marp.layout.fp8_saves_fp8_inputs`)."""
+    under fsdp2 keeps the 16-bit input: the runtime profile's ``fp8_saves_fp8_inputs``)."""
     sp: int
     """Divisor of the norm/residual region (tp with sequence parallelism, else 1)."""
     sp_linear: int
@@ -93,6 +93,7 @@ class Dims:
 
 def dims(arch: ModelArch, training: TrainingConfig, parallel: ParallelConfig) -> Dims:
     tp = parallel.tp
+    row = profile(training.runtime)
     d = arch.kv_channels
     s = math.ceil(training.seq_len / parallel.cp)
     a = 4 if training.precision == Precision.FP32 else 2
@@ -107,11 +108,11 @@ def dims(arch: ModelArch, training: TrainingConfig, parallel: ParallelConfig) ->
         ffn=arch.ffn_hidden_size // tp,
         vocab=math.ceil(arch.vocab_size / tp),
         a=a,
-        a_linear=1 if training.precision == Precision.FP8 and fp8_saves_fp8_inputs(training.runtime) else a,
+        a_linear=1 if training.precision == Precision.FP8 and row.fp8_saves_fp8_inputs else a,
         sp=tp if parallel.sequence_parallel else 1,
-        sp_linear=tp if parallel.sequence_parallel and training.runtime != Runtime.FSDP2 else 1,
+        sp_linear=tp if parallel.sequence_parallel and row.sequence_parallel_saves_split_input else 1,
         runtime=training.runtime,
-        fused_swiglu=training.runtime == Runtime.MEGATRON and not NATIVE_OPS.get(),
+        fused_swiglu=row.fused_swiglu and not NATIVE_OPS.get(),
     )
 
 
@@ -155,8 +156,9 @@ def _attention_core_bytes(arch: ModelArch, x: Dims, attention: str, recompute: s
     probs = x.b * x.heads * x.s * x.s
     expanded_kv = 2 * x.a * x.tokens * (x.hq - x.hkv)
     native = NATIVE_OPS.get()
-    unfused = x.runtime == Runtime.MEGATRON and not _fused_softmax_applies(x)
-    softmax = FP32 if x.a == FP32 or x.runtime == Runtime.HF or native or unfused else x.a
+    row = profile(x.runtime)
+    unfused = row.fused_scale_mask_softmax and not _fused_softmax_applies(x)
+    softmax = FP32 if x.a == FP32 or row.softmax_fp32 or native or unfused else x.a
     if arch.attention_dropout > 0:
         matmul_input = MASK + x.a
     else:
@@ -173,7 +175,7 @@ def layer_buffer_bytes(arch: ModelArch, training: TrainingConfig, parallel: Para
     (``ComplexRoPE._precompute_cache``, ``torchtitan/models/common/rope.py``), ``max_seq_len`` set to
     ``training.seq_len`` by ``Decoder.Config.update_from_config`` (``torchtitan/models/common/decoder.py``);
     FSDP2 does not shard buffers: ``8 x seq_len x d / 2`` per block. 0 for the other runtimes."""
-    if training.runtime != Runtime.FSDP2 or arch.position_embedding != "rope":
+    if not profile(training.runtime).rope_cache_buffer or arch.position_embedding != "rope":
         return 0
     return 8 * training.seq_len * (arch.kv_channels // 2)
 
@@ -222,10 +224,11 @@ def layer_bytes(arch: ModelArch, training: TrainingConfig, parallel: ParallelCon
     x = dims(arch, training, parallel)
     if parallel.recompute == Recompute.FULL:
         return x.a * x.tokens * x.h // x.sp
-    if parallel.recompute == Recompute.SELECTIVE and x.runtime == Runtime.FSDP2:
+    row = profile(x.runtime)
+    if parallel.recompute == Recompute.SELECTIVE and row.op_level_selective_recompute:
         return op_sac_bytes(arch, x)
     qkv = x.a * x.tokens * (x.hq + 2 * x.hkv)
-    if x.runtime == Runtime.MEGATRON and arch.position_embedding == "rope" and not NATIVE_OPS.get():
+    if row.rope_out_of_place and arch.position_embedding == "rope" and not NATIVE_OPS.get():
         # Megatron-core splits q, k, v as views of the fused QKV GEMM output, which stays alive, and
         # applies RoPE out of place: the rotated q and k are kept too (trace path finding M2).
         qkv += x.a * x.tokens * (x.hq + x.hkv)
@@ -254,7 +257,7 @@ def op_sac_bytes(arch: ModelArch, x: Dims) -> int:
 def recompute_bytes(arch: ModelArch, training: TrainingConfig, parallel: ParallelConfig) -> int:
     """Extra activations alive while one block is recomputed during backward (full recompute, and
     torchtitan's op-level selective recompute, which re-runs the block's unsaved ops)."""
-    selective_sac = parallel.recompute == Recompute.SELECTIVE and training.runtime == Runtime.FSDP2
+    selective_sac = parallel.recompute == Recompute.SELECTIVE and profile(training.runtime).op_level_selective_recompute
     if parallel.recompute != Recompute.FULL and not selective_sac:
         return 0
     full = ParallelConfig(**{**parallel.to_dict(), "recompute": "none"})
@@ -269,18 +272,12 @@ def embedding_bytes(arch: ModelArch, training: TrainingConfig, parallel: Paralle
     return INDEX_BYTES * x.tokens + positions + dropout
 
 
-DEFAULT_LOSS_CHUNKS = {"fsdp2": 8}
-"""Chunks a runtime computes its loss in by default: torchtitan 0.3.0's llama3 configs wrap the loss in
-``ChunkedLossWrapper`` (``torchtitan/models/llama3/config_registry.py``), whose ``Config.num_chunks`` is 8
-(``torchtitan/components/loss.py``). The other runtimes compute the loss on the full logits (1)."""
-
-
 def loss_chunks(training: TrainingConfig) -> int:
     """Chunks of the sequence the loss is computed in (``training.loss_chunks``, else the runtime's default,
-    :data:`DEFAULT_LOSS_CHUNKS`)."""
+    its profile's ``default_loss_chunks``)."""
     if training.loss_chunks is not None:
         return training.loss_chunks
-    return DEFAULT_LOSS_CHUNKS.get(training.runtime, 1)
+    return profile(training.runtime).default_loss_chunks
 
 
 def _chunk_tokens(x: Dims, chunks: int) -> int:
@@ -331,7 +328,7 @@ def loss_chunk_bytes(arch: ModelArch, training: TrainingConfig, parallel: Parall
 def fused_cross_entropy(runtime: str) -> bool:
     """Megatron-core's vocab-parallel cross entropy (``_VocabParallelCrossEntropy``) works in place on the
     fp32 logits and saves their softmax; its backward turns that softmax into the gradient in place."""
-    return runtime == Runtime.MEGATRON and not NATIVE_OPS.get()
+    return profile(runtime).vocab_parallel_cross_entropy and not NATIVE_OPS.get()
 
 
 def loss_backward_transient_bytes(arch: ModelArch, training: TrainingConfig, parallel: ParallelConfig) -> int:
@@ -398,7 +395,7 @@ def persistent_buffer_bytes(arch: ModelArch, training: TrainingConfig, parallel:
       (``models/common/embeddings/rotary_pos_embedding.py``).
 
     0 for the other runtimes and for the reference decoder (:func:`native_operators`)."""
-    if training.runtime != Runtime.MEGATRON or NATIVE_OPS.get():
+    if not profile(training.runtime).global_memory_buffer or NATIVE_OPS.get():
         return 0
     x = dims(arch, training, parallel)
     gather = x.a * x.tokens * x.h if parallel.sequence_parallel and parallel.tp > 1 else 0

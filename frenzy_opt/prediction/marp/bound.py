@@ -37,7 +37,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from frenzy_opt.core.enums import Runtime
+from frenzy_opt.core.runtime_profile import profile
 from frenzy_opt.core.spec import ParallelConfig
 from frenzy_opt.prediction.marp.allocator.model import CachingAllocatorModel
 from frenzy_opt.prediction.marp.allocator.replay import MemEvent
@@ -64,7 +64,7 @@ def library_workspace_bytes(runtime: str, architecture: str | None) -> int:
     Engine's under Megatron-core. An unknown architecture takes the larger (Hopper) sizes."""
     large = architecture is None or architecture in LARGE_WORKSPACE_ARCHITECTURES
     total = TORCH_CUBLAS_WORKSPACE[large]
-    if runtime == Runtime.MEGATRON:
+    if profile(runtime).transformer_engine_workspace:
         total += TE_WORKSPACE[large]
     return total
 
@@ -88,11 +88,11 @@ def communicators(runtime: str, parallel: ParallelConfig) -> tuple[int, ...]:
     gradient norm, the embedding group (first and last stage) when pp > 1, and the expert groups under MoE.
     torchtitan (``ParallelDims.build_mesh``): one per mesh dimension plus the flattened dp x cp mesh.
     DeepSpeed and DDP: the data-parallel group, plus tp and pp when used."""
-    p = parallel
+    p, row = parallel, profile(runtime)
     sizes = [p.tp, p.pp, p.dp, p.cp]
-    if runtime in ("megatron", "fsdp2") and p.cp > 1 and p.dp > 1:
+    if row.dp_cp_communicator and p.cp > 1 and p.dp > 1:
         sizes.append(p.dp * p.cp)
-    if runtime == Runtime.MEGATRON:
+    if row.model_parallel_communicators:
         sizes.append(p.tp * p.pp)
         if p.pp > 1:
             sizes.append(2)  # the embedding group: first and last stage

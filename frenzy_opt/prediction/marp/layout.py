@@ -22,7 +22,7 @@ runtimes keep different copies (bytes per parameter):
   buckets (``4Φ`` for dp > 1; Li et al. 2020, PyTorch Distributed, Sec. 3.2.3).
 
 fp32 training keeps no master copy (weights are the master). fp8 keeps the 16-bit weights and states of
-bf16 training; what it adds depends on the library doing the casts (:func:`fp8_weight_cache_bytes`):
+bf16 training; what it adds depends on the library doing the casts (the runtime profile's ``fp8_weight_cache_bytes``):
 Transformer Engine (megatron, deepspeed) caches each weight's fp8 copy across the micro-batches of a step
 and, for the weight-gradient GEMM, its transposed ("columnwise") copy: 2 bytes per parameter (Transformer
 Engine docs, "Using FP8 with Transformer Engine": ``is_first_microbatch`` weight caching; Float8Tensor
@@ -37,7 +37,8 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 
-from frenzy_opt.core.enums import Precision, Runtime
+from frenzy_opt.core.enums import Precision
+from frenzy_opt.core.runtime_profile import profile
 from frenzy_opt.core.spec import ParallelConfig, TrainingConfig, check_zero_stage
 
 # Bytes per element of each number format (IEEE 754 binary32/binary16, bfloat16, OCP FP8 spec).
@@ -88,18 +89,6 @@ def optimizer_state_bytes(optimizer: str) -> float:
     return {"adamw": 8.0, "adam": 8.0, "sgd": 4.0, "adafactor": 0.0}[optimizer]
 
 
-def fp8_weight_cache_bytes(runtime: str) -> float:
-    """Bytes per parameter of fp8 weight copies kept through a step (see the module docstring): 2 under
-    Transformer Engine (fp8 data + its transpose), 0 under torchao (fsdp2: casts per GEMM)."""
-    return 0.0 if runtime == Runtime.FSDP2 else 2.0
-
-
-def fp8_saves_fp8_inputs(runtime: str) -> bool:
-    """Whether linear layers save their inputs in fp8 for backward (Transformer Engine) rather than in
-    16-bit (torchao's Float8Linear, fsdp2)."""
-    return runtime != Runtime.FSDP2
-
-
 def fp8_param_gather(training: TrainingConfig, zero: int) -> bool:
     """Whether the run gathers its parameters in fp8 (``training.fp8_param_gather``; None: wherever it
     applies). It applies to Megatron-core fp8 with the distributed optimizer or Megatron FSDP
@@ -108,7 +97,8 @@ def fp8_param_gather(training: TrainingConfig, zero: int) -> bool:
     the all-gather, so the gathered copy of a block is 1 byte per parameter)."""
     if training.precision != Precision.FP8 or training.fp8_param_gather is False:
         return False
-    return (training.runtime == Runtime.MEGATRON and zero >= 1) or training.runtime == Runtime.FSDP2
+    min_zero = profile(training.runtime).fp8_param_gather_min_zero
+    return min_zero is not None and zero >= min_zero
 
 
 def state_layout(training: TrainingConfig, parallel: ParallelConfig) -> StateLayout:
@@ -128,12 +118,14 @@ def state_layout(training: TrainingConfig, parallel: ParallelConfig) -> StateLay
 def state_layout_for(
     runtime: str, precision: str, optimizer: str, zero: int, data_parallel: bool, fp8_params: bool = False
 ) -> StateLayout:
+    """The layout its profile names (``RuntimeProfile.state_layout``, the module docstring's list)."""
     mixed = precision != Precision.FP32
     compute = 4 if not mixed else 2
     opt = optimizer_state_bytes(optimizer)
-    fp8_cache = fp8_weight_cache_bytes(runtime) if precision == Precision.FP8 else 0.0
+    fp8_cache = profile(runtime).fp8_weight_cache_bytes if precision == Precision.FP8 else 0.0
     master = 4.0 if mixed else 0.0
-    if runtime == Runtime.MEGATRON:
+    kind = profile(runtime).state_layout
+    if kind == "distributed_optimizer":
         # zero_stage 2/3 = Megatron FSDP: the fp32 main_grad buffer and (3) the 16-bit weights sharded too.
         # fp8 parameters (--fp8-param-gather): the parameter itself is the fp8 copy (1 byte) and only its
         # transpose is cached (1 byte): Transformer Engine's Float8Tensor keeps ``_data`` and ``_transpose``.
@@ -145,7 +137,7 @@ def state_layout_for(
             gathered_weight_bytes=weight if zero >= 3 else 0, gathered_grad_bytes=4 if zero >= 2 else 0,
             transient_grad_bytes=compute,
         )  # fmt: skip
-    if runtime == Runtime.DEEPSPEED:
+    if kind == "zero":
         return StateLayout(
             compute_bytes=compute, weight_bytes=compute, grad_bytes=compute, master_bytes=master,
             optimizer_bytes=opt, shard_weights=zero >= 3, shard_grads=zero >= 2, shard_optimizer=zero >= 1,
@@ -153,7 +145,7 @@ def state_layout_for(
             gathered_weight_bytes=compute if zero >= 3 else 0, gathered_grad_bytes=compute if zero >= 2 else 0,
             transient_grad_bytes=0,
         )  # fmt: skip
-    if runtime == Runtime.FSDP2:
+    if kind == "fully_shard":
         # The fp32 sharded parameters are the master copy: no separate master weights.
         return StateLayout(
             compute_bytes=compute, weight_bytes=4, grad_bytes=4, master_bytes=0.0, optimizer_bytes=opt,
@@ -161,6 +153,7 @@ def state_layout_for(
             weight_cache_bytes=fp8_cache, grad_buffer_bytes=0.0,
             gathered_weight_bytes=1 if fp8_params else compute, gathered_grad_bytes=4, transient_grad_bytes=0,
         )  # fmt: skip
+    assert kind == "ddp_autocast", kind
     # hf: fp32 model under autocast; DDP buckets when data parallel.
     return StateLayout(
         compute_bytes=compute, weight_bytes=4, grad_bytes=4, master_bytes=0.0, optimizer_bytes=opt,

@@ -22,8 +22,8 @@ import functools
 import math
 from dataclasses import dataclass, field, replace
 
-from frenzy_opt.core.enums import Runtime
 from frenzy_opt.core.partition import chunk_layer_counts, split_rule
+from frenzy_opt.core.runtime_profile import profile
 from frenzy_opt.core.spec import JobSpec, ParallelConfig, TrainingConfig
 from frenzy_opt.hardware.gpus import GpuType
 from frenzy_opt.models.arch import ModelArch, layer_weight_shapes, shard_param_counts
@@ -270,7 +270,7 @@ class StageModel:
         cache = self.layout.weight_cache_bytes * self.params.params
         if self.layout.shard_weights:
             cache /= dp * self.cp
-        if self.layout.weight_cache_bytes and self.training.runtime != Runtime.FSDP2:
+        if self.layout.weight_cache_bytes and profile(self.training.runtime).fp8_scaling_state:
             cache += self.num_layers * TE_SCALING_STATE_BYTES_PER_LAYER
         return int(values[0]), int(values[1]), int(values[2]), int(values[3]), int(cache)
 
@@ -392,7 +392,7 @@ def stage_model_of(arch: ModelArch, training: TrainingConfig, parallel: Parallel
     ]  # fmt: skip
     if last:
         phases += head_phases(training, parallel, params, acts, layout, comm, persistent)
-    if training.runtime == Runtime.FSDP2 and parallel.pp > 1:
+    if profile(training.runtime).pipeline_defers_reshard and parallel.pp > 1:
         phases = pipelined_fsdp2_phases(phases, params, acts, layout, persistent, first=first, last=last,
                                         blocks=sum(chunk_layers))  # fmt: skip
     return StageModel(
@@ -440,7 +440,8 @@ def head_phases(
     head_comm = chunk_comm = output_comm = norm_comm = comm
     reduced = 0
     output_logits, output_temp = acts.logits_grad, layout.transient_grad_bytes * output + acts.block_incoming_grad
-    if training.runtime == Runtime.FSDP2 and parallel.pp == 1:
+    output_group = profile(training.runtime).output_fsdp_group
+    if output_group and parallel.pp == 1:
         # torchtitan's last FSDP group, [norm, output], is not resharded after forward (``apply_fsdp_to_decoder``,
         # ``torchtitan/distributed/fsdp.py``): its unsharded compute-precision weight, ``c`` bytes per output
         # parameter, is alive from the forward on (trace path finding F2, benchmarks/results/marp_vs_trace.md). The
@@ -467,7 +468,7 @@ def head_phases(
             head_comm = beside(c * output)
             output_comm = beside(layout.gathered_weight_bytes * params.layer_params + (c + 4) * output)
             output_logits = 0
-    elif training.runtime == Runtime.FSDP2 and acts.loss_chunk:
+    elif output_group and acts.loss_chunk:
         # Under pipelining the stage's other parameters stay gathered with their fp32 gradients
         # (:func:`comm_buffer_bytes`), but ``ChunkedLossWrapper`` drives the output group itself (``recurse=False``
         # flags, reduce-scatter at each micro-batch's last chunk) as without pipelining: in place of its share
@@ -577,10 +578,11 @@ def comm_buffer_bytes(
     params, layer_params = terms.params, terms.layer_params
     zero = parallel.zero_stage
     buffers = int(layout.grad_buffer_bytes * params)
-    deepspeed_zero2 = training.runtime == Runtime.DEEPSPEED and zero == 2
-    if deepspeed_zero2:
-        buffers += layout.compute_bytes * min(params, 500_000_000)
-    if training.runtime == Runtime.FSDP2 and parallel.pp > 1:
+    row = profile(training.runtime)
+    bucket = row.zero2_reduce_bucket_elements if zero == 2 else 0
+    if bucket:
+        buffers += layout.compute_bytes * min(params, bucket)
+    if row.pipeline_defers_reshard and parallel.pp > 1:
         # FSDP2 under torch.distributed.pipelining: the stage turns off resharding after backward and
         # gradient sync until the step's last micro-batch (``_PipelineStage`` calls
         # ``set_reshard_after_backward(False)`` and ``set_requires_gradient_sync(False)``), so the stage's
@@ -590,7 +592,7 @@ def comm_buffer_bytes(
     if layout.gathered_weight_bytes:
         gathered = 2 * layer_params if zero >= 3 else params
         buffers += layout.gathered_weight_bytes * gathered
-    if layout.gathered_grad_bytes and not deepspeed_zero2:
+    if layout.gathered_grad_bytes and not bucket:
         buffers += layout.gathered_grad_bytes * layer_params
     return buffers
 
