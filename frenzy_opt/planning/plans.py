@@ -70,9 +70,8 @@ def collector_paused() -> Iterator[None]:
     a collection that walks the young generations, and every tenth of those the older ones, with the
     process's long-lived memos in them (Python docs, ``gc``: "Automatic collection can be disabled ... if
     you are sure your program does not create reference cycles"); the search's objects die by reference
-    counting, and the few cycles it makes are collected once the collector runs again. Measured: about a
-    third of a warm search's time (``benchmarks/plan_new_spec.py``). The collector's state before is
-    restored (a caller that had it off keeps it off)."""
+    counting, and the few cycles it makes are collected once the collector runs again. The collector's
+    state before is restored (a caller that had it off keeps it off)."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
