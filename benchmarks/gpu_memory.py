@@ -24,7 +24,8 @@ from pathlib import Path
 import torch
 
 from frenzy_opt.hardware.gpus import lookup_gpu
-from frenzy_opt.prediction.marp.predictor import CudaTerms, nccl_bytes, predict_memory
+from frenzy_opt.prediction.marp.cuda import CudaTerms, nccl_bytes
+from frenzy_opt.prediction.marp.predictor import predict_memory
 from frenzy_opt.validation.cases import CASES
 
 GPU_CASES = (

@@ -12,8 +12,9 @@ from frenzy_opt.core.partition import chunk_layer_counts
 from frenzy_opt.core.runtimes import default_sequence_parallel, runtime_refusal
 from frenzy_opt.core.spec import JobSpec, ParallelConfig, TrainingConfig, parse_job
 from frenzy_opt.hardware.gpus import lookup_gpu
+from frenzy_opt.prediction.marp.cuda import DEFAULT_CUDA
 from frenzy_opt.prediction.marp.layout import state_layout
-from frenzy_opt.prediction.marp.predictor import DEFAULT_CUDA, peak_stages, predict_memory, predict_peak
+from frenzy_opt.prediction.marp.predictor import peak_stages, predict_memory, predict_peak
 from frenzy_opt.prediction.marp.stages import in_flight_chunks, stage_shapes
 
 

@@ -15,7 +15,8 @@ from frenzy_opt.planning.plans import NoFeasiblePlan, enumerate_plans, search_or
 from frenzy_opt.prediction.marp import bound
 from frenzy_opt.prediction.marp.allocator.replay import replay
 from frenzy_opt.prediction.marp.fit import MemoryFit
-from frenzy_opt.prediction.marp.predictor import STATE_COMPONENTS, TE_SCALING_STATE_BYTES_PER_LAYER, predict_memory
+from frenzy_opt.prediction.marp.predictor import predict_memory
+from frenzy_opt.prediction.marp.stage_model import STATE_COMPONENTS, TE_SCALING_STATE_BYTES_PER_LAYER
 
 GIB = 2**30
 MIB = 2**20

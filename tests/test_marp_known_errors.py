@@ -9,7 +9,8 @@ from frenzy_opt.core.spec import JobSpec, ParallelConfig, TrainingConfig, parse_
 from frenzy_opt.models.arch import shard_param_counts
 from frenzy_opt.models.catalog import lookup_model
 from frenzy_opt.prediction.marp.layout import state_layout
-from frenzy_opt.prediction.marp.predictor import TE_SCALING_STATE_BYTES_PER_LAYER, predict_memory
+from frenzy_opt.prediction.marp.predictor import predict_memory
+from frenzy_opt.prediction.marp.stage_model import TE_SCALING_STATE_BYTES_PER_LAYER
 
 GB = 1e9
 

@@ -20,7 +20,8 @@ needs_runtimes = runtimes.needs_runtimes
 from frenzy_opt.core.spec import JobSpec, ParallelConfig, TrainingConfig  # noqa: E402
 from frenzy_opt.models.arch import ModelArch  # noqa: E402
 from frenzy_opt.prediction.marp import activations as act  # noqa: E402
-from frenzy_opt.prediction.marp.predictor import predict_memory, stage_model  # noqa: E402
+from frenzy_opt.prediction.marp.predictor import predict_memory  # noqa: E402
+from frenzy_opt.prediction.marp.stage_model import stage_model  # noqa: E402
 
 BENCHMARK = Path(__file__).resolve().parents[1] / "benchmarks" / "marp_vs_trace.py"
 STAGE_TOLERANCE = 0.05

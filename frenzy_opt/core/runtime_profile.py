@@ -63,7 +63,7 @@ class RuntimeProfile:
     """Linear layers save their inputs in fp8 for backward under fp8, rather than in 16-bit."""
     fp8_scaling_state: bool
     """Transformer Engine's delayed-scaling state per layer is kept with the fp8 weight cache
-    (:data:`frenzy_opt.prediction.marp.predictor.TE_SCALING_STATE_BYTES_PER_LAYER`)."""
+    (:data:`frenzy_opt.prediction.marp.stage_model.TE_SCALING_STATE_BYTES_PER_LAYER`)."""
     fp8_param_gather_min_zero: int | None = None
     """Lowest ZeRO stage at which fp8 parameters are all-gathered in fp8 (None: never)."""
     zero2_reduce_bucket_elements: int = 0

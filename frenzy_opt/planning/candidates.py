@@ -33,7 +33,7 @@ from frenzy_opt.core.spec import ZERO_STAGES_BY_RUNTIME, JobSpec, ParallelConfig
 from frenzy_opt.hardware.gpus import GpuType
 from frenzy_opt.prediction.marp.activations import activation_terms_for
 from frenzy_opt.prediction.marp.layout import fp8_param_gather, state_layout_for
-from frenzy_opt.prediction.marp.predictor import param_terms
+from frenzy_opt.prediction.marp.phases import param_terms
 from frenzy_opt.prediction.marp.stages import in_flight_layer_microbatches
 from frenzy_opt.prediction.stepeval import FLASH_ARCHITECTURES
 

@@ -45,8 +45,8 @@ from frenzy_opt.planning.plans import (
     headroom_of,
     rank_key,
 )
+from frenzy_opt.prediction.marp.cuda import DEFAULT_CUDA, CudaTerms
 from frenzy_opt.prediction.marp.fit import SHIPPED_FIT, MemoryFit
-from frenzy_opt.prediction.marp.predictor import DEFAULT_CUDA, CudaTerms
 from frenzy_opt.prediction.steptime import StepTimeModel
 
 Admit = Callable[[str, int], bool]

@@ -25,16 +25,10 @@ from frenzy_opt.prediction.marp.bound import (
     library_workspace_bytes,
     nccl_buffer_bytes,
 )
+from frenzy_opt.prediction.marp.cuda import CudaTerms, cuda_totals, stage_bound
 from frenzy_opt.prediction.marp.fit import MemoryFit
-from frenzy_opt.prediction.marp.predictor import (
-    CudaTerms,
-    StageModel,
-    cuda_totals,
-    layer_counts,
-    peak_stages,
-    stage_bound,
-    stage_model_of,
-)
+from frenzy_opt.prediction.marp.predictor import peak_stages
+from frenzy_opt.prediction.marp.stage_model import StageModel, layer_counts, stage_model_of
 from frenzy_opt.prediction.stepeval import gpu_rates
 from frenzy_opt.prediction.stepterms import StepTerms, cached_step_terms
 from frenzy_opt.prediction.steptime import StepTimeModel

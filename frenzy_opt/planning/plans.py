@@ -28,8 +28,8 @@ from frenzy_opt.planning.candidates import (
 )
 from frenzy_opt.planning.group import GpuGroup, Tally, gpu_groups
 from frenzy_opt.prediction.marp.bound import MemoryBound
+from frenzy_opt.prediction.marp.cuda import DEFAULT_CUDA, CudaTerms
 from frenzy_opt.prediction.marp.fit import SHIPPED_FIT, MemoryFit
-from frenzy_opt.prediction.marp.predictor import DEFAULT_CUDA, CudaTerms
 from frenzy_opt.prediction.steptime import StepTimeModel, shipped_model
 
 
@@ -105,7 +105,7 @@ def enumerate_plans(
     first dp where nothing fits; dp = 1 (no data-parallel communicator) is checked on its own.
 
     A plan is feasible when the upper bound of its nvidia-smi footprint (the prediction times the fit's
-    upper ratio, :func:`frenzy_opt.prediction.marp.predictor.upper_bytes`) plus the headroom (``headroom``, else
+    upper ratio, :func:`frenzy_opt.prediction.marp.cuda.stage_bound`) plus the headroom (``headroom``, else
     ``training.memory_headroom``, else the fit's cross-validated default, as a fraction of GPU memory)
     fits the GPU. A shape
     whose lower bound (:func:`lower_bound`) exceeds the group's largest GPU is skipped. When no plan fits

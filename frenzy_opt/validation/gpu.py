@@ -2,7 +2,7 @@
 
 ``torch.cuda.max_memory_allocated`` and ``max_memory_reserved`` after a steady-state step, and the device
 memory nvidia-smi reports for this GPU. Used by ``benchmarks/gpu_memory.py`` on a machine with a GPU to
-compare with MARP and calibrate the CUDA-only terms (:class:`frenzy_opt.prediction.marp.predictor.CudaTerms`).
+compare with MARP and calibrate the CUDA-only terms (:class:`frenzy_opt.prediction.marp.cuda.CudaTerms`).
 """
 
 from __future__ import annotations

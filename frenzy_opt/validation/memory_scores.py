@@ -13,8 +13,9 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from frenzy_opt.prediction.marp import bound
+from frenzy_opt.prediction.marp.cuda import cuda_terms_of
 from frenzy_opt.prediction.marp.fit import MemoryFit
-from frenzy_opt.prediction.marp.predictor import MemoryPrediction, StagePrediction, cuda_terms_of, predict_memory
+from frenzy_opt.prediction.marp.predictor import MemoryPrediction, StagePrediction, predict_memory
 from frenzy_opt.validation.memory_runs import MeasuredRun
 
 

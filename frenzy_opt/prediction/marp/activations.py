@@ -336,7 +336,7 @@ def loss_backward_transient_bytes(arch: ModelArch, training: TrainingConfig, par
     with the kept log-probabilities (``nll_loss`` then ``log_softmax`` backward), ``8 * tokens * vocab``.
 
     Chunked (torchtitan, :func:`loss_chunks`): when the output layer's weight gradient of the last chunk is
-    reduced (the peak of the loss, :func:`frenzy_opt.prediction.marp.predictor.stage_model_of`), one chunk's
+    reduced (the peak of the loss, :func:`frenzy_opt.prediction.marp.stage_model.stage_model_of`), one chunk's
     16-bit logits and the 16-bit gradient of its hidden states are alive (trace path finding F1)."""
     x = dims(arch, training, parallel)
     chunks = loss_chunks(training)

@@ -3,7 +3,7 @@
 ``frenzy calibrate ../shared/calibration/memory-measured.csv --name memory`` refits them
 (:func:`frenzy_opt.validation.memory_fit.fit`) from the calibration file's published measured runs and
 writes the file; :func:`load_fit` reads it. Without a shipped file the public defaults of
-:class:`frenzy_opt.prediction.marp.predictor.CudaTerms` apply and the bound's margins are 0.
+:class:`frenzy_opt.prediction.marp.cuda.CudaTerms` apply and the bound's margins are 0.
 """
 
 from __future__ import annotations
