@@ -104,10 +104,11 @@ def enumerate_plans(
     more ep choices), so the dp scan runs from the largest dp down and skips the remaining dp >= 2 after the
     first dp where nothing fits; dp = 1 (no data-parallel communicator) is checked on its own.
 
-    A plan is feasible when the upper bound of its nvidia-smi footprint (the prediction times the fit's
-    upper ratio, :func:`frenzy_opt.prediction.marp.cuda.stage_bound`) plus the headroom (``headroom``, else
+    A plan is feasible when MARP's required bound (:func:`frenzy_opt.prediction.marp.cuda.stage_bound`: the
+    model states as predicted, the activations and temporaries with the fit's margin, the allocator's
+    replayed reserve, and what lies outside the allocator) plus the headroom (``headroom``, else
     ``training.memory_headroom``, else the fit's cross-validated default, as a fraction of GPU memory)
-    fits the GPU. A shape
+    fits the GPU (:mod:`frenzy_opt.prediction.marp.bound`). A shape
     whose lower bound (:func:`lower_bound`) exceeds the group's largest GPU is skipped. When no plan fits
     anywhere, a second pass (``prune=False``) finds the least per-GPU footprint of any configuration for
     the error message, skipping shapes whose lower bound exceeds the best footprint found so far.
