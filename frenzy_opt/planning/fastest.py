@@ -28,7 +28,8 @@ serves it.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from frenzy_opt.core.plan import Plan
@@ -214,7 +215,7 @@ class _GroupSearch:
         """The best plan of one (GPU type, count): the first tie group (equal step time and recompute) in
         rank order with a plan the full search reaches, its tie broken by :func:`rank_key`."""
         pool.sort(key=lambda item: item[:3])
-        for tie in _ties(pool):
+        for _, tie in itertools.groupby(pool, key=lambda item: item[:2]):
             plans = [plan for item in tie if (plan := self._plan(item, gpu)) is not None]
             if plans:
                 return min(plans, key=rank_key)
@@ -233,15 +234,6 @@ class _GroupSearch:
             assert entry.candidate is not None  # a filtered entry's answer is known
             entry.fits = any(self.group.resolve(entry.candidate, gpu, self.headroom) for gpu in entry.open)
         return entry.fits
-
-
-def _ties(pool: list[_Item]) -> Iterator[list[_Item]]:
-    """The pool's runs of equal (step time, recompute rank), in order."""
-    start = 0
-    for i in range(1, len(pool) + 1):
-        if i == len(pool) or pool[i][:2] != pool[start][:2]:
-            yield pool[start:i]
-            start = i
 
 
 def _probe(group: GpuGroup, parallel: ParallelConfig, micro_batch_size: int) -> Plan:

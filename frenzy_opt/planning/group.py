@@ -234,9 +234,12 @@ class GpuGroup:
     def needs_reserve(self, candidate: Candidate, gpu: GpuType, headroom: float) -> bool:
         """Whether the candidate's bound without the allocator reserve fits ``gpu``, so that only the reserve
         (an allocator replay, :meth:`_bound`) decides whether it runs there."""
-        bare, _ = self._bare(candidate, gpu)
-        budget = gpu.memory_bytes - int(headroom * gpu.memory_bytes)
-        return bare.required <= budget and candidate.allocated <= gpu.memory_bytes and self.cuda is not None
+        return self._reserve_decides(candidate, gpu, self._bare(candidate, gpu)[0], headroom)
+
+    def _reserve_decides(self, candidate: Candidate, gpu: GpuType, bare: MemoryBound, headroom: float) -> bool:
+        """:meth:`needs_reserve` given the candidate's bound without the reserve on ``gpu``."""
+        fits = bare.required <= _budget(gpu, headroom) and candidate.allocated <= gpu.memory_bytes
+        return fits and self.cuda is not None
 
     def resolve(self, candidate: Candidate, gpu: GpuType, headroom: float) -> Plan | None:
         """The candidate's plan on ``gpu``, or None when its bound does not fit (the same answer as
@@ -320,15 +323,14 @@ class GpuGroup:
         and link share the bounds (``candidate.bounds``); whether the exact replay applies is decided per GPU,
         so the answer does not depend on the order the GPUs are asked in."""
         bare, workspaces = self._bare(candidate, gpu)
-        if not self.needs_reserve(candidate, gpu, headroom):
+        if not self._reserve_decides(candidate, gpu, bare, headroom):
             return bare.within(gpu.memory_bytes), workspaces
         key = (gpu.architecture, gpu.intra_node)
         nccl = bare.rows["nccl_buffers"]
         full = candidate.bounds.get((*key, "ratio"))
         if full is None:
             full = candidate.bounds[(*key, "ratio")] = self._with_reserve(candidate, workspaces, nccl, exact=False)
-        budget = gpu.memory_bytes - int(headroom * gpu.memory_bytes)
-        if abs(full.required - budget) <= EXACT_BAND * full.allocated:
+        if abs(full.required - _budget(gpu, headroom)) <= EXACT_BAND * full.allocated:
             exact = candidate.bounds.get((*key, "exact"))
             if exact is None:
                 exact = candidate.bounds[(*key, "exact")] = self._with_reserve(candidate, workspaces, nccl, exact=True)
@@ -368,6 +370,11 @@ def reserve_ratio(model: StageModel, margin: float, *, single: bool = False) -> 
     states, beyond = model.split(dp)
     reserve = allocator_reserve_bytes(model.step_shape(dp, 1 + margin))
     return reserve / max(states + beyond * (1 + margin), 1)
+
+
+def _budget(gpu: GpuType, headroom: float) -> int:
+    """Bytes a plan's required bound may take on ``gpu``: its memory less the headroom fraction."""
+    return gpu.memory_bytes - int(headroom * gpu.memory_bytes)
 
 
 def pins_whole_layout(job: JobSpec) -> bool:
