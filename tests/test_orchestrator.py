@@ -145,9 +145,11 @@ def test_the_ledger_never_double_books_and_gets_every_gpu_back(
         _check_ledger(orch)
     # End everything: every GPU comes back.
     while orch.running or orch.state.queue:
-        for job in list(orch.running):
-            launch = executor.launched.pop(job)
-            orch.process([Exited(job, launch.attempt, ExitInfo(ok=True))])
+        # One at a time, reading the running jobs afresh: ending one may let the review stop another (it
+        # rejoins the queue without a launch) or start queued ones.
+        job = min(orch.running)  # nothing running with jobs queued would be a stuck ledger: fail here
+        launch = executor.launched.pop(job)
+        orch.process([Exited(job, launch.attempt, ExitInfo(ok=True))])
         _check_ledger(orch)
     assert all(index.count == sum(index.free.values()) for index in orch.state.free.values())
     assert sum(index.count for index in orch.state.free.values()) == CLUSTER.num_gpus
