@@ -10,10 +10,13 @@ now, with which plan and on which GPUs:
 * for each job every candidate plan is weighed by its **marginal cost**: the job's own weighted time to
   completion (now + duration if the plan's GPUs are free, else the time enough GPUs of that type free up —
   from the running jobs' end times — + duration) plus the delay its GPU-time imposes on the jobs queued
-  behind it. As a fluid (Harchol-Balter 2013, ch. 13), g GPUs held for d seconds delay each job behind by
-  g·d / C (C: the cluster's GPUs), so the term is (weight behind) × g·d / C. With nobody behind a job takes
-  its fastest plan; behind a long queue, the plan that uses the fewest GPU-seconds (the best scaling
-  efficiency) — the trade-off of Pollux's goodput and heSRPT (Berg et al. 2020), priced by the queue. A
+  behind it. As a fluid (Harchol-Balter 2013, ch. 13), g GPUs of type t held for d seconds delay each job behind
+  by g·d·p_t, p_t the share of the cluster's work per second one GPU of the type does: its speed over the sum of
+  GPUs × speed over the types (:class:`~frenzy_opt.solvers.greedy_index.TypePrices`, the speeds the queued jobs'
+  own options show; on one type p = 1 / GPUs), so the term is (weight behind) × g·d·p_t. An idle slow type is
+  then as cheap as the work it does: priced alike per GPU-second, every job waited for the fast types behind a
+  deep queue while the slow ones idled. With nobody behind a job takes its fastest plan; behind a long queue, the
+  plan that holds the least of the cluster's work (the best scaling efficiency) — the trade-off of Pollux's goodput and heSRPT (Berg et al. 2020), priced by the queue. A
   plan that would end after the job's deadline costs :data:`LATE_PENALTY` times its lateness on top;
 * placement follows the shared rule (:mod:`frenzy_opt.hardware.topology`): inside one node by best fit (the node
   with the fewest free GPUs that still fit, keeping large blocks free), else whole free nodes;
@@ -69,7 +72,7 @@ from frenzy_opt.planning.interfaces import Admission
 from frenzy_opt.planning.problem import Assignment, Option, ProblemJob, Schedule, SchedulingProblem
 from frenzy_opt.solvers.base import register
 from frenzy_opt.solvers.greedy_horizon import Horizon, Reservation, Running
-from frenzy_opt.solvers.greedy_index import Queue, RankOrder
+from frenzy_opt.solvers.greedy_index import Queue, RankOrder, TypePrices
 from frenzy_opt.solvers.greedy_review import Move, review
 
 # A deadline is near when less than this many fastest runs of the job are left before it (a design choice:
@@ -126,7 +129,6 @@ class _Round:
     now: float
     free_total: int  # free GPUs of every type
     behind: float  # the weight queued behind the job being decided (module docstring: its GPU-seconds' price)
-    gpus: int  # GPUs in the cluster, at least 1
     reserved: dict[str, Reservation] = field(default_factory=dict)
     # Like ``horizons``, dropped for a type when a job starts on it: where each placement shape fits now.
     horizons: dict[str, Horizon] = field(default_factory=dict)
@@ -195,6 +197,7 @@ class GreedyState:
             t: FreeIndex({i: topology.nodes[i].num_gpus for i in topology.nodes_of(t)}) for t in topology.gpu_types
         }
         self.capacity = {t: self.problem.topology.num_gpus_of(t) for t in self.problem.topology.gpu_types}
+        self.prices = TypePrices(self.capacity)
         for busy in self.problem.busy:
             gpu_type = self.problem.topology.nodes[busy.node].gpu.name
             self.free[gpu_type].change(busy.node, -busy.num_gpus)
@@ -279,6 +282,7 @@ class GreedyState:
         key = self._ranks.get(job.id)
         if key is None or self._ranked_options.get(job.id) is not job.options:
             key = self._ranks[job.id] = (-job.priority, -job.weight / job.fastest_s, job.arrival_s, job.id)
+            self.prices.add(job)
             self._ranked_options[job.id] = job.options
             self._sorted[job.id] = tuple(sorted(job.options, key=lambda o: o.duration_s))
             if job.deadline_s is not None:
@@ -351,7 +355,7 @@ class GreedyState:
         if free_total == 0:
             return started  # nothing can start (the loop below would stop at its first job)
         ranked = self._ranked()
-        round_ = _Round(now=now, free_total=free_total, behind=ranked.weight, gpus=max(sum(self.capacity.values()), 1))
+        round_ = _Round(now=now, free_total=free_total, behind=ranked.weight)
         priced: list[ProblemJob] = []
         for job in self._order(now):
             if round_.free_total == 0:
@@ -431,7 +435,6 @@ class GreedyState:
                 now=now,
                 free_total=sum(index.count for index in self.free.values()),
                 behind=sum(job.weight for job in planned),
-                gpus=max(sum(self.capacity.values()), 1),
                 plans=False,
             )
             for job in planned:
@@ -463,7 +466,7 @@ class GreedyState:
             )
             passes = ((True,) if room else ()) + ((False,) if plan_wait else ())
         refused = admitted = False  # whether admission refused an option, and let one through
-        now = round_.now
+        now, price = round_.now, self.prices.price
         for now_only in passes:
             for option in self._by_duration(job):
                 if best is not None and best.cost <= job.weight * option.duration_s:
@@ -472,7 +475,7 @@ class GreedyState:
                     refused = True
                     continue
                 admitted = True
-                used = self.queue_price * round_.behind * option.num_gpus * option.duration_s / round_.gpus
+                used = self.queue_price * round_.behind * (option.num_gpus * option.duration_s) * price[option.gpu_type]
                 if best is not None and best.cost <= job.weight * (now + option.duration_s - now) + used:
                     continue  # even started now it costs no less than the best (the same sum as _price's)
                 candidate = self._price(job, option, now_only, best, round_, used)
@@ -581,10 +584,10 @@ class GreedyState:
             admit.take(job.id, option)
         return Assignment(job=job.id, option=option, nodes=nodes, start_s=now, end_s=end)
 
-    def _used(self, behind: float, option: Option, gpus: int) -> float:
+    def _used(self, behind: float, option: Option) -> float:
         """The marginal-cost term of ``option``'s GPU-seconds (module docstring): the weight queued behind
-        times g·d / C."""
-        return self.queue_price * behind * option.num_gpus * option.duration_s / gpus
+        times g·d·p, p the price of a GPU-second of the option's type."""
+        return self.queue_price * behind * (option.num_gpus * option.duration_s) * self.prices.price[option.gpu_type]
 
     def update_end(self, key: str, end_s: float) -> None:
         """A running job's estimated end changed (its speed was measured, or it ran past the estimate)."""

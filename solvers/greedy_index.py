@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import math
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -82,6 +83,52 @@ def leanest_work(job: ProblemJob) -> tuple[str, float]:
     """The GPU type and GPU-seconds of the job's option of fewest GPU-seconds ("", 0 without options)."""
     option = min(job.options, key=lambda o: o.num_gpus * o.duration_s, default=None)
     return ("", 0.0) if option is None else (option.gpu_type, option.num_gpus * option.duration_s)
+
+
+class TypePrices:
+    """What a GPU-second of each type is worth to the jobs queued behind: each type's speed per GPU relative to
+    the others, as the jobs seen so far show it, over the cluster's capacity in those units.
+
+    A job's leanest GPU-seconds on a type (its option of fewest GPU-seconds there) measure how fast the type runs
+    it; across the job's types their logarithms, less their mean, are the type's log slowness for that job, and a
+    type's speed is the geometric mean over the jobs of the inverse (the jobs' own step-time predictions are the
+    measurements; with every job on every type it is the least-squares fit of log GPU-seconds = job + type). A
+    GPU-second of a type then costs speed / sum over types of (GPUs x speed): the share of the cluster's work per
+    second it holds, as Gavel normalises each type's throughput to compare allocations across types (Narayanan et
+    al., OSDI 2020, section 3.1). On one type, 1 / GPUs, the fluid price of the module docstring of
+    :mod:`frenzy_opt.solvers.greedy`. A type no job with options on two types has shown is taken at the mean."""
+
+    def __init__(self, capacity: dict[str, int]) -> None:
+        self.capacity = capacity
+        self._sums = dict.fromkeys(capacity, 0.0)
+        self._counts = dict.fromkeys(capacity, 0)
+        self._seen: set[str] = set()
+        self.price: dict[str, float] = {}
+        self._update()
+
+    def add(self, job: ProblemJob) -> None:
+        """Count ``job``'s options in (once per job id)."""
+        if job.id in self._seen:
+            return
+        self._seen.add(job.id)
+        lean: dict[str, float] = {}
+        for option in job.options:
+            work = option.num_gpus * option.duration_s
+            if work > 0 and option.gpu_type in self._sums:
+                lean[option.gpu_type] = min(work, lean.get(option.gpu_type, work))
+        if len(lean) < 2:
+            return
+        logs = {t: math.log(w) for t, w in lean.items()}
+        mean = sum(logs.values()) / len(logs)
+        for gpu_type, value in logs.items():
+            self._sums[gpu_type] += value - mean
+            self._counts[gpu_type] += 1
+        self._update()
+
+    def _update(self) -> None:
+        speed = {t: math.exp(-self._sums[t] / n) if (n := self._counts[t]) else 1.0 for t in self.capacity}
+        total = sum(self.capacity[t] * speed[t] for t in self.capacity) or 1.0
+        self.price = {t: speed[t] / total for t in self.capacity}
 
 
 class RankOrder:

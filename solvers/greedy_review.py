@@ -98,10 +98,9 @@ def review(
     horizons: dict[str, Horizon] = {}  # per type, until a preemption there changes its running jobs
     if state.queue:
         behind = state._ranked().weight
-        gpus = max(sum(state.capacity.values()), 1)
         for job in itertools.islice(state._order(now), REVIEW_WAITING):
             behind -= job.weight
-            ranked = sorted(job.options, key=lambda o: job.weight * o.duration_s + state._used(behind, o, gpus))
+            ranked = sorted(job.options, key=lambda o: job.weight * o.duration_s + state._used(behind, o))
             tried = 0
             for option in ranked:
                 if admit is not None and not admit.allows(job.id, option):

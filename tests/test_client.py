@@ -192,9 +192,9 @@ def test_logs_print_the_attempts_output_and_follow_ends_with_the_attempt(
     service: TestClient, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     auth = ("--token", TOKEN_A)
-    jobs = [
-        json.loads(_run(capsys, "submit", _job_file(tmp_path, LONG, f"l{i}"), *auth, "--json")[1]) for i in range(5)
-    ]
+    for i in range(8):  # more than the cluster holds at once: some stay queued (which, the scheduler decides)
+        _run(capsys, "submit", _job_file(tmp_path, LONG, f"l{i}"), *auth, "--json")
+    jobs = json.loads(_run(capsys, "jobs", *auth, "--json")[1])["items"]  # the states now, after the decisions
     running = next(j for j in jobs if j["state"] == "running")
     queued = next(j for j in jobs if j["state"] == "queued")
     code, out, _ = _run(capsys, "logs", running["id"], *auth)

@@ -15,7 +15,7 @@ from frenzy_opt.hardware.cluster import parse_cluster
 from frenzy_opt.hardware.topology import Topology
 from frenzy_opt.planning.problem import Busy, Option, ProblemJob, SchedulingProblem
 from frenzy_opt.solvers.greedy import GreedyHAS, GreedyState, _reach
-from frenzy_opt.solvers.greedy_index import RankOrder, fewest_gpus, leanest_work
+from frenzy_opt.solvers.greedy_index import RankOrder, TypePrices, fewest_gpus, leanest_work
 
 TYPES = ("A100-SXM4-80GB", "H100-SXM5-80GB", "V100-SXM2-32GB")
 NODE = 4  # GPUs per node: small nodes so that whole-node shapes, fragments and reservations all occur
@@ -231,3 +231,61 @@ def test_plan_waits_prices_past_the_bound_and_leaves_planned_work_alone() -> Non
     assert [job.id for job in order[:40]] == list(waits)
     assert all(option is not None and start < float("inf") for option, start in waits.values())
     assert state._ordered.planned == planned
+
+
+def _job(job_id: str, work: dict[str, tuple[int, float]]) -> ProblemJob:
+    out = tuple(
+        Option(
+            gpu_type=t,
+            num_gpus=g,
+            whole_nodes=g // NODE if g > NODE else 0,
+            duration_s=d,
+            plan=synthetic_plan(t, g, d),
+        )
+        for t, (g, d) in work.items()
+    )
+    return ProblemJob(id=job_id, arrival_s=0.0, weight=1.0, options=out)
+
+
+def test_type_prices_weigh_a_gpu_second_by_the_types_speed() -> None:
+    a, b = "H100-SXM5-80GB", "V100-SXM2-32GB"
+    capacity = {a: 8, b: 24}
+    prices = TypePrices(capacity)
+    assert prices.price == {a: 1 / 32, b: 1 / 32}  # nothing seen: every type at the mean, 1 / GPUs
+    prices.add(_job("one-type", {a: (2, 100.0)}))
+    assert prices.price == {a: 1 / 32, b: 1 / 32}  # a job on one type tells nothing about speeds
+    # V100 needs twice H100's GPU-seconds for both jobs (the leanest option per type counts): H100 runs twice as fast
+    prices.add(_job("x", {a: (2, 100.0), b: (4, 100.0)}))
+    prices.add(_job("y", {a: (1, 300.0), b: (2, 300.0)}))
+    prices.add(_job("y", {a: (1, 1.0), b: (2, 300.0)}))  # one count per job id
+    assert prices.price[a] == pytest.approx(2 * prices.price[b])
+    assert sum(capacity[t] * prices.price[t] for t in capacity) == pytest.approx(1.0)  # the cluster's work: 1
+
+
+def test_slow_idle_gpus_take_queued_work_instead_of_idling() -> None:
+    """Two types, the fast one full and the slow one idle, a deep queue of jobs each twice as lean on the fast
+    type: with each type's GPU-seconds priced by its speed, a job starts on the idle slow GPUs rather than wait
+    behind the queue for the fast ones (with every GPU-second priced alike the leaner fast plan won, and the slow
+    GPUs idled while hundreds of jobs waited)."""
+    topology = Topology(
+        parse_cluster(
+            {
+                "node_groups": [
+                    {"gpu": "H100-SXM5-80GB", "num_nodes": 2, "gpus_per_node": NODE},
+                    {"gpu": "V100-SXM2-32GB", "num_nodes": 2, "gpus_per_node": NODE},
+                ]
+            }
+        )
+    )
+    fast, slow = "H100-SXM5-80GB", "V100-SXM2-32GB"
+    queued = [_job(f"j{i:03d}", {fast: (4, 1000.0), slow: (4, 2000.0)}) for i in range(300)]
+    state = GreedyState(SchedulingProblem(topology=topology, jobs=()))
+    busy = _job("busy", {fast: (8, 50_000.0)})
+    state.queue[busy.id] = busy
+    assert [a.option.gpu_type for a in state.decide(0.0)] == [fast]  # alone, it takes the fast GPUs
+    for job in queued:
+        state.queue[job.id] = job
+    started = state.decide(1.0)
+    # the head of the queue takes the slow GPUs: waiting for the fast ones costs it ~50,000 s, and its slow plan
+    # holds no more of the cluster's work than its fast one
+    assert [(a.job, a.option.gpu_type) for a in started] == [("j000", slow), ("j001", slow)]
