@@ -16,8 +16,9 @@ now, with which plan and on which GPUs:
   own options show; on one type p = 1 / GPUs), so the term is (weight behind) × g·d·p_t. An idle slow type is
   then as cheap as the work it does: priced alike per GPU-second, every job waited for the fast types behind a
   deep queue while the slow ones idled. With nobody behind a job takes its fastest plan; behind a long queue, the
-  plan that holds the least of the cluster's work (the best scaling efficiency) — the trade-off of Pollux's goodput and heSRPT (Berg et al. 2020), priced by the queue. A
-  plan that would end after the job's deadline costs :data:`LATE_PENALTY` times its lateness on top;
+  plan that holds the least of the cluster's work (the best scaling efficiency) — the trade-off of Pollux's
+  goodput and heSRPT (Berg et al. 2020), priced by the queue. A plan that would end after the job's deadline
+  costs :data:`LATE_PENALTY` times its lateness on top;
 * placement follows the shared rule (:mod:`frenzy_opt.hardware.topology`): inside one node by best fit (the node
   with the fewest free GPUs that still fit, keeping large blocks free), else whole free nodes;
 * a job that chooses to wait reserves its GPU type from its estimated start; later jobs may backfill that
@@ -65,6 +66,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from enum import Enum
+from typing import TypeVar
 
 from frenzy_opt.core.enums import SolverStatus
 from frenzy_opt.hardware.placement import FreeIndex
@@ -96,16 +98,23 @@ BACKFILL_TESTS = 96
 # Impatient, a decision plans the wait (estimated start, reservation) of at most this many jobs that cannot
 # start now; the others wait unplanned until the next decision (a bound on its cost with a long queue).
 IMPATIENT_WAITS = 8
-# Impatient, a job that fits now still waits for a busy plan if that costs it less than this fraction of the
-# best plan that fits now (a short wait for much faster GPUs; a design choice, 0 = never wait).
+# Impatient, a job that fits now still waits for a busy plan if that costs it less than this fraction of the best
+# plan that fits now (a short wait for much faster GPUs; a design choice, 0 = never wait while a plan fits).
 WAIT_GAIN = 0.5
+
+# A job's option as a decision reads it: its duration, GPU-seconds, GPU type, placement shape (type, GPUs, whole
+# nodes: the key of :attr:`_Round.fits`) and the option itself, made once when the job is ranked.
+_Row = tuple[float, float, str, tuple[str, int, int], Option]
+_V = TypeVar("_V")
+_UNSEEN: tuple[int, ...] = (-1,)
+_LATER = -2  # :attr:`_Choice.wait_for` of a wait that starts after every running job of its type has ended  # a shape :attr:`_Round.fits` has not looked up yet (None there: it does not fit)
 
 
 @dataclass(slots=True)
 class _Choice:
     """A job's best option so far in one decision: its cost, its estimated end, and either the nodes it
     starts on now or (``nodes`` None) the index in the type's horizon of the running job's end it waits for
-    (-1: none it knows of)."""
+    (-1: none it knows of; :data:`_LATER`: one after them all)."""
 
     cost: float
     end: float
@@ -133,6 +142,10 @@ class _Round:
     # Like ``horizons``, dropped for a type when a job starts on it: where each placement shape fits now.
     horizons: dict[str, Horizon] = field(default_factory=dict)
     fits: dict[tuple[str, int, int], tuple[int, ...] | None] = field(default_factory=dict)
+    # Per placement shape that does not fit now: the index of the running job's end it waits for (-1: none) and
+    # the start the horizon and the type's reservation allow, before the queue ahead; dropped for a type when a
+    # job starts on it or the type's reservation is made.
+    waits: dict[tuple[str, int, int], tuple[int, float]] = field(default_factory=dict)
     # GPU-seconds ahead of a waiting job on each type: what runs there now, and what earlier jobs of this
     # decision chose to wait for (the queue ahead, as a fluid: Harchol-Balter 2013, ch. 13).
     ahead: dict[str, float] = field(default_factory=dict)
@@ -157,7 +170,8 @@ class GreedyState:
     by_job: dict[str, Running] = field(default_factory=dict)
     _ranks: dict[str, tuple[float, float, float, str]] = field(default_factory=dict)
     _ranked_options: dict[str, tuple[Option, ...]] = field(default_factory=dict)
-    _sorted: dict[str, tuple[Option, ...]] = field(default_factory=dict)
+    _sorted: dict[str, tuple[_Row, ...]] = field(default_factory=dict)
+    _works: dict[str, tuple[int, tuple[float, ...], tuple[float, ...]]] = field(default_factory=dict)
     waiting: dict[str, tuple[Option | None, float]] = field(default_factory=dict)
     """After :meth:`decide`: per job it reached and left queued, the option it waits for (None: admission
     ruled out every option) and its estimated start."""
@@ -187,6 +201,12 @@ class GreedyState:
     priced: int = 0
     """Jobs the last :meth:`decide` priced (a measure of its work)."""
     _near: set[str] = field(default_factory=set)
+    _empty_fits: dict[tuple[str, int, int], bool] = field(default_factory=dict)
+    _horizons: dict[str, tuple[tuple[int, int], Horizon]] = field(default_factory=dict)
+    """Per GPU type the last :class:`Horizon` built, with the versions of the free GPUs and running jobs it
+    was built from."""
+    _ends_changes: dict[str, int] = field(default_factory=dict)
+    """Per GPU type, how many times its running jobs (:attr:`_ends`) changed."""
     """The jobs the last :meth:`_order` moved forward for a near deadline."""
 
     def __post_init__(self) -> None:
@@ -212,6 +232,7 @@ class GreedyState:
         if run.job:
             self.by_job[run.job] = run
         bisect.insort(self._ends.setdefault(run.gpu_type, []), entry)
+        self._ends_changes[run.gpu_type] = self._ends_changes.get(run.gpu_type, 0) + 1
         sums = self._work.setdefault(run.gpu_type, [0.0, 0.0])
         sums[0] += run.num_gpus * run.end_s
         sums[1] += run.num_gpus
@@ -224,6 +245,7 @@ class GreedyState:
         i = bisect.bisect_left(ends, (run.end_s, run.seq))
         assert ends[i][2] is run
         del ends[i]
+        self._ends_changes[run.gpu_type] = self._ends_changes.get(run.gpu_type, 0) + 1
         sums = self._work[run.gpu_type]
         sums[0] -= run.num_gpus * run.end_s
         sums[1] -= run.num_gpus
@@ -268,12 +290,30 @@ class GreedyState:
             done.append(run)
         return done
 
+    def _fits_empty(self, shape: tuple[str, int, int], option: Option) -> bool:
+        """Whether the option's placement fits its GPU type with every GPU free (cached per shape)."""
+        found = self._empty_fits.get(shape)
+        if found is None:
+            nodes = self.problem.topology.nodes_of(shape[0])
+            found = self._empty_fits[shape] = (
+                FreeIndex({i: self.problem.topology.nodes[i].num_gpus for i in nodes}).fit(option) is not None
+            )
+        return found
+
     def _horizon(self, gpu_type: str, horizons: dict[str, Horizon]) -> Horizon:
         """The type's :class:`Horizon` for this decision, over its running jobs in end order (kept sorted
         as jobs start and end); rebuilt after a start on the type."""
         horizon = horizons.get(gpu_type)
         if horizon is None:
-            horizon = horizons[gpu_type] = Horizon(self.free[gpu_type], self._ends.setdefault(gpu_type, []))
+            # the last decision's, if neither the type's free GPUs nor its running jobs changed since
+            version = (self.free[gpu_type].version, self._ends_changes.get(gpu_type, 0))
+            kept = self._horizons.get(gpu_type)
+            if kept is not None and kept[0] == version:
+                horizon = kept[1]
+            else:
+                horizon = Horizon(self.free[gpu_type], self._ends.setdefault(gpu_type, []))
+                self._horizons[gpu_type] = (version, horizon)
+            horizons[gpu_type] = horizon
         return horizon
 
     def _rank(self, job: ProblemJob) -> tuple[float, float, float, str]:
@@ -283,8 +323,12 @@ class GreedyState:
         if key is None or self._ranked_options.get(job.id) is not job.options:
             key = self._ranks[job.id] = (-job.priority, -job.weight / job.fastest_s, job.arrival_s, job.id)
             self.prices.add(job)
+            self._works.pop(job.id, None)
             self._ranked_options[job.id] = job.options
-            self._sorted[job.id] = tuple(sorted(job.options, key=lambda o: o.duration_s))
+            self._sorted[job.id] = tuple(
+                (o.duration_s, o.num_gpus * o.duration_s, o.gpu_type, (o.gpu_type, o.num_gpus, o.whole_nodes), o)
+                for o in sorted(job.options, key=lambda o: o.duration_s)
+            )
             if job.deadline_s is not None:
                 self._deadlines.add(job.id)
         return key
@@ -327,8 +371,22 @@ class GreedyState:
             if job.id not in urgent:
                 yield job
 
-    def _by_duration(self, job: ProblemJob) -> tuple[Option, ...]:
-        """The job's options, shortest first (sorted when it was ranked)."""
+    def _priced_work(
+        self, job: ProblemJob, rows: tuple[_Row, ...], price: dict[str, float]
+    ) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """The durations of the job's options (``rows``) and their GPU-seconds times their type's price, kept
+        until the prices change."""
+        kept = self._works.get(job.id)
+        if kept is None or kept[0] != self.prices.version:
+            kept = self._works[job.id] = (
+                self.prices.version,
+                tuple(row[0] for row in rows),
+                tuple(row[1] * price[row[2]] for row in rows),
+            )
+        return kept[1], kept[2]
+
+    def _by_duration(self, job: ProblemJob) -> tuple[_Row, ...]:
+        """The job's options, shortest first, as :data:`_Row` s (made when it was ranked)."""
         return self._sorted[job.id]
 
     def _ahead(self, gpu_type: str, now: float, ahead: dict[str, float]) -> float:
@@ -451,59 +509,86 @@ class GreedyState:
             self.waiting, self.patient = kept, patient
 
     def _choose(self, job: ProblemJob, round_: _Round, admit: Admission | None) -> _Choice | _NoChoice:
-        """The job's cheapest option this decision: shortest options first, stopping once no longer one can
-        cost less. Impatient, a job waits only when nothing fits now; once every type holds a reservation,
-        how long it would wait changes no start of this decision (only what :attr:`waiting` says)."""
-        best: _Choice | None = None
-        plan_wait = False
-        if self.patient:
-            passes: tuple[bool, ...] = (False,)
-        else:
+        """The job's option this decision: patient, the cheapest, started now or waited for; impatient, the cheapest
+        that fits now unless waiting for a busy one costs less than :data:`WAIT_GAIN` of it (then the cheapest wait;
+        the cheapest wait too when nothing fits now). Options are priced
+        in the order of what each would cost started now (its own time and its GPU-seconds' price, a lower bound on
+        its cost: behind a long queue the leanest come first, with nobody behind the shortest), stopping once none
+        left can change the choice. Impatient, a job plans a wait only while the decision plans waits
+        (:data:`IMPATIENT_WAITS`, a type without a reservation); once every type holds one, how long it would wait
+        changes no start of this decision (only what :attr:`waiting` says)."""
+        now_only, gain = False, 1.0  # patient: the cheapest option, waits and starts alike
+        if not self.patient:
+            gain = WAIT_GAIN
             fewest = self._ordered.fewest[job.id]
             room = any(self.free[t].count >= n for t, n in fewest.items())  # else nothing can fit now
             plan_wait = (
                 not round_.backfill and len(round_.reserved) < len(self.free) and round_.analysed < IMPATIENT_WAITS
             )
-            passes = ((True,) if room else ()) + ((False,) if plan_wait else ())
+            if not room and not plan_wait:
+                return _NoChoice.UNPLANNED
+            now_only = not plan_wait
         refused = admitted = False  # whether admission refused an option, and let one through
-        now, price = round_.now, self.prices.price
-        for now_only in passes:
-            for option in self._by_duration(job):
-                if best is not None and best.cost <= job.weight * option.duration_s:
-                    break  # this option and every longer one cost no less than the best so far
-                if admit is not None and not admit.allows(job.id, option):
-                    refused = True
-                    continue
-                admitted = True
-                used = self.queue_price * round_.behind * (option.num_gpus * option.duration_s) * price[option.gpu_type]
-                if best is not None and best.cost <= job.weight * (now + option.duration_s - now) + used:
-                    continue  # even started now it costs no less than the best (the same sum as _price's)
-                candidate = self._price(job, option, now_only, best, round_, used)
-                if candidate is None:
-                    continue
-                # impatient: waiting must beat the best plan that fits now by WAIT_GAIN
-                waits_instead = candidate.nodes is None and best is not None and best.nodes is not None
-                if best is None or candidate.cost < best.cost * (WAIT_GAIN if waits_instead else 1.0):
-                    best = candidate
-            if best is not None and (not now_only or WAIT_GAIN <= 0.0 or not plan_wait):
-                break  # impatient: something fits now, take the best of that
-        if best is not None:
-            return best
-        # admission ruled out every option, or (impatient) its wait was not planned
+        now, price, weight = round_.now, self.prices.price, job.weight
+        per_work = self.queue_price * round_.behind  # the used term is per_work x GPU-seconds x the type's price
+        rows = self._by_duration(job)
+        durations, priced_work = self._priced_work(job, rows, price)
+        # each option's used term, and its cost if started now (a lower bound on its cost), by which to go through
+        useds = [per_work * work for work in priced_work]
+        bounds = [weight * duration + used for duration, used in zip(durations, useds, strict=True)]
+        fit: _Choice | None = None  # the cheapest option that fits now so far
+        wait: _Choice | None = None  # the cheapest wait so far
+        fit_cost = wait_cost = limit = float("inf")  # limit: what an option must cost less than to matter
+        for i in sorted(range(len(rows)), key=bounds.__getitem__):
+            if limit <= bounds[i]:
+                break  # this option and every one after it cost too much to change the choice
+            _, _, _, shape, option = rows[i]
+            if admit is not None and not admit.allows(job.id, option):
+                refused = True
+                continue
+            admitted = True
+            wait_limit = wait_cost if fit is None else min(wait_cost, gain * fit_cost)
+            # a wait costs at least the bound: past the wait limit only a start now can matter
+            fits_only = now_only or wait_limit <= bounds[i]
+            if fits_only and round_.fits.get(shape, _UNSEEN) is None:
+                continue  # it does not fit now (looked up by an earlier job of this decision)
+            candidate = self._price(job, option, shape, fits_only, wait_limit, round_, useds[i])
+            if candidate is None:
+                continue
+            if candidate.nodes is not None:
+                if candidate.cost < fit_cost:
+                    fit, fit_cost = candidate, candidate.cost
+            elif candidate.cost < wait_limit:
+                wait, wait_cost = candidate, candidate.cost
+            # a fit matters below the cheapest fit and (when a wait is known) below what makes that wait win; a
+            # wait below the cheapest wait and gain of the cheapest fit
+            fit_limit = fit_cost if wait is None or gain <= 0.0 else min(fit_cost, wait_cost / gain)
+            limit = max(fit_limit, wait_cost if fit is None else min(wait_cost, gain * fit_cost))
+        if wait is not None and (fit is None or wait_cost < gain * fit_cost):
+            return wait
+        if fit is not None:
+            return fit
+        # admission ruled out every option, or (impatient) nothing fits now and its wait was not planned
         return _NoChoice.REFUSED if refused and not admitted else _NoChoice.UNPLANNED
 
     def _price(
-        self, job: ProblemJob, option: Option, now_only: bool, best: _Choice | None, round_: _Round, used: float
+        self,
+        job: ProblemJob,
+        option: Option,
+        shape: tuple[str, int, int],
+        now_only: bool,
+        lowest: float,
+        round_: _Round,
+        used: float,
     ) -> _Choice | None:
         """What ``option`` would cost the job: started now if it fits (next to the type's reservation), else
         started when the horizon, the reservation and the queue ahead allow; ``used``: its GPU-seconds' term
-        (:meth:`_used`). None when ``now_only`` and it does not fit now, or when waiting cannot beat ``best``."""
-        now, gpu_type = round_.now, option.gpu_type
-        shape = (gpu_type, option.num_gpus, option.whole_nodes)
-        if shape in round_.fits:
-            nodes = round_.fits[shape]
-        else:
-            nodes = round_.fits[shape] = self.free[gpu_type].fit(option)
+        (:meth:`_used`), ``shape`` its (type, GPUs, whole nodes). None when ``now_only`` and it does not fit now, or
+        when its wait cannot cost less than ``lowest`` (what a wait must cost less than to matter)."""
+        now, gpu_type, fits = round_.now, shape[0], round_.fits
+        nodes = fits.get(shape, _UNSEEN)
+        if nodes is _UNSEEN:
+            nodes = fits[shape] = self.free[gpu_type].fit(option)
         reservation = round_.reserved.get(gpu_type)
         fits_now = nodes is not None and (
             reservation is None
@@ -516,15 +601,34 @@ class GreedyState:
         if fits_now:
             end = now + option.duration_s
         else:
-            ahead = self._ahead(gpu_type, now, round_.ahead) + round_.share * round_.skipped.get(gpu_type, 0.0)
+            ahead = round_.ahead.get(gpu_type)
+            if ahead is None:
+                ahead = self._ahead(gpu_type, now, round_.ahead)
+            if round_.share:
+                ahead += round_.share * round_.skipped.get(gpu_type, 0.0)
             floor = now + ahead / self.capacity[gpu_type]
-            if best is not None and best.cost <= job.weight * (floor + option.duration_s - now) + used:
+            if lowest <= job.weight * (floor + option.duration_s - now) + used:
                 return None  # even the queue ahead alone makes it cost no less than the best
-            horizon = self._horizon(gpu_type, round_.horizons)
-            index = horizon.earliest(option)
-            start = float("inf") if index < 0 else max(horizon.ends[index], now)
-            if reservation is not None and start >= reservation.start and not reservation.fits_alongside(option):
-                start = max(start, reservation.end)  # it queues behind the reserved job
+            ends = self._ends.get(gpu_type)
+            if (
+                ends
+                and floor >= ends[-1][0]
+                and (reservation is None or floor >= reservation.end)
+                and self._fits_empty(shape, option)
+            ):
+                # the queue ahead outlasts every running job and the reservation: it starts at the floor (the end
+                # it waits for is looked up only if it reserves, :meth:`_wait`)
+                waited: tuple[int, float] | None = (_LATER, floor)
+            else:
+                waited = round_.waits.get(shape)
+            if waited is None:
+                horizon = round_.horizons.get(gpu_type) or self._horizon(gpu_type, round_.horizons)
+                index = horizon.earliest(option)
+                start = float("inf") if index < 0 else max(horizon.ends[index], now)
+                if reservation is not None and start >= reservation.start and not reservation.fits_alongside(option):
+                    start = max(start, reservation.end)  # it queues behind the reserved job
+                waited = round_.waits[shape] = (index, start)
+            index, start = waited
             start = max(start, floor)
             end, nodes = start + option.duration_s, None
         cost = job.weight * (end - now) + used
@@ -548,11 +652,13 @@ class GreedyState:
             round_.ahead[gpu_type] = (
                 self._ahead(gpu_type, round_.now, round_.ahead) + option.num_gpus * option.duration_s
             )
-        if choice.wait_for >= 0 and gpu_type not in round_.reserved:
+        if choice.wait_for != -1 and gpu_type not in round_.reserved:
             horizon = self._horizon(gpu_type, round_.horizons)
+            index = horizon.earliest(option) if choice.wait_for == _LATER else choice.wait_for
             round_.reserved[gpu_type] = Reservation(
-                option, choice.end - option.duration_s, horizon.free_after(choice.wait_for), self.free[gpu_type].size
+                option, choice.end - option.duration_s, horizon.free_after(index), self.free[gpu_type].size
             )
+            _drop_type(round_.waits, gpu_type)
 
     def _start(
         self, job: ProblemJob, choice: _Choice, nodes: tuple[int, ...], round_: _Round, admit: Admission | None
@@ -571,14 +677,15 @@ class GreedyState:
         if gpu_type in round_.ahead:
             round_.ahead[gpu_type] += option.num_gpus * option.duration_s
         round_.horizons.pop(gpu_type, None)
-        for key in [k for k in round_.fits if k[0] == gpu_type]:
-            del round_.fits[key]
+        _drop_type(round_.fits, gpu_type)
+        _drop_type(round_.waits, gpu_type)
         run = Running(end_s=end, job=job.id, nodes=nodes, per_node=per_node, option=option, problem=job, start_s=now)
         self._first_start.setdefault(job.id, now)
         self._push(run)
         del self.queue[job.id]
         for cache in (self._ranks, self._ranked_options, self._sorted):
             del cache[job.id]
+        self._works.pop(job.id, None)
         self._deadlines.discard(job.id)
         if admit is not None:
             admit.take(job.id, option)
@@ -619,6 +726,12 @@ class GreedyState:
         """Preempt and grow running jobs after :meth:`decide` at the same time (module docstring;
         :func:`frenzy_opt.solvers.greedy_review.review`)."""
         return review(self, now, max_restarts=max_restarts, options_now=options_now, admit=admit)
+
+
+def _drop_type(cache: dict[tuple[str, int, int], _V], gpu_type: str) -> None:
+    """Forget what a decision's per-shape ``cache`` holds for ``gpu_type``."""
+    for key in [k for k in cache if k[0] == gpu_type]:
+        del cache[key]
 
 
 def _reach(index: FreeIndex) -> int:

@@ -103,8 +103,10 @@ class TypePrices:
         self._sums = dict.fromkeys(capacity, 0.0)
         self._counts = dict.fromkeys(capacity, 0)
         self._seen: set[str] = set()
-        self.price: dict[str, float] = {}
-        self._update()
+        self._price: dict[str, float] = {}
+        self.version = 0
+        """Updates of :attr:`price` so far."""
+        self._stale = True
 
     def add(self, job: ProblemJob) -> None:
         """Count ``job``'s options in (once per job id)."""
@@ -123,12 +125,21 @@ class TypePrices:
         for gpu_type, value in logs.items():
             self._sums[gpu_type] += value - mean
             self._counts[gpu_type] += 1
-        self._update()
+        self._stale = True
+
+    @property
+    def price(self) -> dict[str, float]:
+        """Per GPU type, what a GPU-second of it costs (class docstring); brought up to date when read."""
+        if self._stale:
+            self._update()
+        return self._price
 
     def _update(self) -> None:
+        self._stale = False
         speed = {t: math.exp(-self._sums[t] / n) if (n := self._counts[t]) else 1.0 for t in self.capacity}
         total = sum(self.capacity[t] * speed[t] for t in self.capacity) or 1.0
-        self.price = {t: speed[t] / total for t in self.capacity}
+        self._price = {t: speed[t] / total for t in self.capacity}
+        self.version += 1
 
 
 class RankOrder:

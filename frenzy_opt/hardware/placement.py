@@ -14,6 +14,7 @@ same question in O(S) instead of O(nodes); a property test checks that it always
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
@@ -100,33 +101,39 @@ def refusal(
 
 
 class FreeIndex:
-    """Free GPUs per node of one GPU type, bucketed by free count: :meth:`fit` is :func:`choose` in O(S)."""
+    """Free GPUs per node of one GPU type, bucketed by free count, each bucket's nodes in ascending order:
+    :meth:`fit` is :func:`choose` in O(S) (S: GPUs per node) without a pass over the nodes; a change moves one node
+    between two buckets (a bisection and a list insertion, O(nodes) at C speed)."""
 
     def __init__(self, sizes: Mapping[int, int]) -> None:
         """``sizes``: GPUs per node of the type's nodes, all free at first."""
         self.size = max(sizes.values())
         self.free = dict(sizes)
-        self.buckets: list[set[int]] = [set() for _ in range(self.size + 1)]
-        for node, left in self.free.items():
-            self.buckets[left].add(node)
+        self.buckets: list[list[int]] = [[] for _ in range(self.size + 1)]
+        for node, left in sorted(self.free.items()):
+            self.buckets[left].append(node)
         self.count = sum(self.free.values())
         """Free GPUs of the type in all."""
+        self.version = 0
+        """Changes so far (what was derived from the index at one version holds until the next)."""
 
     def change(self, node: int, delta: int) -> None:
         """``delta`` more free GPUs on ``node`` (negative: taken)."""
         self.count += delta
+        self.version += 1
         left = self.free[node]
-        self.buckets[left].discard(node)
+        bucket = self.buckets[left]
+        del bucket[bisect.bisect_left(bucket, node)]
         self.free[node] = left + delta
-        self.buckets[left + delta].add(node)
+        bisect.insort(self.buckets[left + delta], node)
 
     def fit(self, shape: Shaped) -> tuple[int, ...] | None:
         if shape.whole_nodes == 0:
             for left in range(shape.num_gpus, self.size + 1):  # the tightest bucket that fits
                 if self.buckets[left]:
-                    return (min(self.buckets[left]),)
+                    return (self.buckets[left][0],)
             return None
         empty = self.buckets[self.size]
         if len(empty) < shape.whole_nodes:
             return None
-        return tuple(sorted(empty)[: shape.whole_nodes])
+        return tuple(empty[: shape.whole_nodes])
