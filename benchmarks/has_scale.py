@@ -109,7 +109,7 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cap-s", type=float, default=20.0, help="seconds of decisions per case at most")
     parser.add_argument("--seeds", type=int, default=8, help="(b): instances per case")
-    parser.add_argument("--bounds", default="16,32,64,96,128", help="(b): values of K")
+    parser.add_argument("--bounds", default="16,24,32,48,64,96", help="(b): values of K")
     args = parser.parse_args()
     load_start = " / ".join(f"{x:.2f}" for x in os.getloadavg())
     started = time.perf_counter()
