@@ -541,8 +541,8 @@ class GreedyState:
         wait: _Choice | None = None  # the cheapest wait so far
         fit_cost = wait_cost = limit = float("inf")  # limit: what an option must cost less than to matter
         for i in sorted(range(len(rows)), key=bounds.__getitem__):
-            if limit <= bounds[i]:
-                break  # this option and every one after it cost too much to change the choice
+            if limit < bounds[i]:
+                break  # this option and every one after it cost too much to change the choice (a tie may)
             _, _, _, shape, option = rows[i]
             if admit is not None and not admit.allows(job.id, option):
                 refused = True

@@ -13,8 +13,18 @@ from hypothesis import strategies as st
 
 from frenzy_opt.hardware.cluster import parse_cluster
 from frenzy_opt.hardware.topology import Topology
+from frenzy_opt.planning.interfaces import Admission
 from frenzy_opt.planning.problem import Busy, Option, ProblemJob, SchedulingProblem
-from frenzy_opt.solvers.greedy import GreedyHAS, GreedyState, _reach
+from frenzy_opt.solvers.greedy import (
+    IMPATIENT_WAITS,
+    WAIT_GAIN,
+    GreedyHAS,
+    GreedyState,
+    _Choice,
+    _NoChoice,
+    _reach,
+    _Round,
+)
 from frenzy_opt.solvers.greedy_index import RankOrder, TypePrices, fewest_gpus, leanest_work
 
 TYPES = ("A100-SXM4-80GB", "H100-SXM5-80GB", "V100-SXM2-32GB")
@@ -75,10 +85,14 @@ class _Quota:
 
 
 def _replay(
-    problem: SchedulingProblem, priced_jobs: int | None, patient: bool, quota: _Quota | None
+    problem: SchedulingProblem,
+    priced_jobs: int | None,
+    patient: bool,
+    quota: _Quota | None,
+    kind: type[GreedyState] = GreedyState,
 ) -> list[tuple[object, ...]]:
     """Every decision of an online replay (arrivals and completions) with what it waits for."""
-    state = GreedyState(problem, priced_jobs=priced_jobs, patient=patient)
+    state = kind(problem, priced_jobs=priced_jobs, patient=patient)
     arrivals = sorted(problem.jobs, key=lambda j: (j.arrival_s, j.id))
     log: list[tuple[object, ...]] = []
     i = 0
@@ -289,3 +303,52 @@ def test_slow_idle_gpus_take_queued_work_instead_of_idling() -> None:
     # the head of the queue takes the slow GPUs: waiting for the fast ones costs it ~50,000 s, and its slow plan
     # holds no more of the cluster's work than its fast one
     assert [(a.job, a.option.gpu_type) for a in started] == [("j000", slow), ("j001", slow)]
+
+
+class _Checked(GreedyState):
+    """A greedy whose every choice is checked against pricing each of the job's options (no option skipped)."""
+
+    def _choose(self, job: ProblemJob, round_: _Round, admit: Admission | None) -> _Choice | _NoChoice:
+        chosen = super()._choose(job, round_, admit)
+        gain, now_only = 1.0, False
+        if not self.patient:
+            gain = WAIT_GAIN
+            room = any(self.free[t].count >= n for t, n in self._ordered.fewest[job.id].items())
+            plan_wait = (
+                not round_.backfill and len(round_.reserved) < len(self.free) and round_.analysed < IMPATIENT_WAITS
+            )
+            if not room and not plan_wait:
+                assert chosen is _NoChoice.UNPLANNED
+                return chosen
+            now_only = not plan_wait
+        price, per_work = self.prices.price, self.queue_price * round_.behind
+        fits: list[float] = []
+        waits: list[float] = []
+        for _, work, gpu_type, shape, option in self._by_duration(job):
+            if admit is not None and not admit.allows(job.id, option):
+                continue
+            used = per_work * (work * price[gpu_type])
+            found = self._price(job, option, shape, now_only, float("inf"), round_, used)
+            if found is not None:
+                (fits if found.nodes is not None else waits).append(found.cost)
+        fit, wait = min(fits, default=None), min(waits, default=None)
+        if wait is not None and (fit is None or wait < gain * fit):
+            assert isinstance(chosen, _Choice) and chosen.nodes is None and chosen.cost == wait
+        elif fit is not None:
+            assert isinstance(chosen, _Choice) and chosen.nodes is not None and chosen.cost == fit
+        else:
+            assert isinstance(chosen, _NoChoice)
+        return chosen
+
+
+@settings(max_examples=60, deadline=None)
+@given(jobs(), st.booleans(), st.one_of(st.none(), st.sampled_from(TYPES)))
+def test_a_choice_skips_no_option_that_would_change_it(
+    queue: list[ProblemJob], patient: bool, refused: str | None
+) -> None:
+    """The options a choice does not price (its walk in the order of the cost started now stops once none left
+    can change the choice) never hold a cheaper one: every choice of a replay equals pricing every option and
+    taking, patient, the cheapest; impatient, the cheapest that fits now unless a wait costs under WAIT_GAIN of
+    it."""
+    problem = SchedulingProblem(topology=TOPOLOGY, jobs=tuple(queue))
+    _replay(problem, None, patient, None if refused is None else _Quota(refused), kind=_Checked)
