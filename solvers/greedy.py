@@ -107,8 +107,8 @@ WAIT_GAIN = 0.5
 # nodes: the key of :attr:`_Round.fits`) and the option itself, made once when the job is ranked.
 _Row = tuple[float, float, str, tuple[str, int, int], Option]
 _V = TypeVar("_V")
-_UNSEEN: tuple[int, ...] = (-1,)
-_LATER = -2  # :attr:`_Choice.wait_for` of a wait that starts after every running job of its type has ended  # a shape :attr:`_Round.fits` has not looked up yet (None there: it does not fit)
+_UNSEEN: tuple[int, ...] = (-1,)  # a shape :attr:`_Round.fits` has not looked up yet (None there: it does not fit)
+_LATER = -2  # :attr:`_Choice.wait_for` of a wait that starts after every running job of its type has ended
 
 
 @dataclass(slots=True)
@@ -530,7 +530,7 @@ class GreedyState:
                 return _NoChoice.UNPLANNED
             now_only = not plan_wait
         refused = admitted = False  # whether admission refused an option, and let one through
-        now, price, weight = round_.now, self.prices.price, job.weight
+        price, weight = self.prices.price, job.weight
         per_work = self.queue_price * round_.behind  # the used term is per_work x GPU-seconds x the type's price
         rows = self._by_duration(job)
         durations, priced_work = self._priced_work(job, rows, price)
