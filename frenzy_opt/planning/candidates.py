@@ -182,28 +182,36 @@ def dp_choices(job: JobSpec, shape: Shape, max_gpus: int) -> list[int]:
 
 
 def configs_at(job: JobSpec, shape: Shape, dp: int) -> Iterator[ParallelConfig]:
+    for ep, zero in layout_choices(job, shape, dp):
+        yield config_of(job, shape, dp, ep, zero)
+
+
+def layout_choices(job: JobSpec, shape: Shape, dp: int) -> list[tuple[int, int]]:
+    """The (ep, ZeRO stage) pairs a shape takes at ``dp``, in the search's order."""
     arch = job.model
     eps = [ep for ep in divisors(arch.num_experts) if dp % ep == 0] if arch.is_moe else [1]
     if not capabilities(job.training.runtime).ep:
         eps = [1]
     zeros = _zero_choices(job, dp, shape.cp, tp=shape.tp, pp=shape.pp)
-    for ep, zero in itertools.product(_choices(job, "ep", eps), zeros):
-        if dp % ep:
-            continue
-        yield ParallelConfig(
-            dp=dp,
-            tp=shape.tp,
-            pp=shape.pp,
-            vpp=shape.vpp,
-            cp=shape.cp,
-            ep=ep,
-            sequence_parallel=shape.sequence_parallel,
-            zero_stage=zero,
-            recompute=Recompute(shape.recompute),
-            attention=job.parallel.attention,
-            first_stage_layers=job.parallel.first_stage_layers if shape.pp == job.parallel.pp else None,
-            last_stage_layers=job.parallel.last_stage_layers if shape.pp == job.parallel.pp else None,
-        )
+    return [(ep, zero) for ep, zero in itertools.product(_choices(job, "ep", eps), zeros) if dp % ep == 0]
+
+
+def config_of(job: JobSpec, shape: Shape, dp: int, ep: int, zero: int) -> ParallelConfig:
+    """The parallel config of a shape at ``dp`` with expert parallelism ``ep`` and ZeRO stage ``zero``."""
+    return ParallelConfig(
+        dp=dp,
+        tp=shape.tp,
+        pp=shape.pp,
+        vpp=shape.vpp,
+        cp=shape.cp,
+        ep=ep,
+        sequence_parallel=shape.sequence_parallel,
+        zero_stage=zero,
+        recompute=Recompute(shape.recompute),
+        attention=job.parallel.attention,
+        first_stage_layers=job.parallel.first_stage_layers if shape.pp == job.parallel.pp else None,
+        last_stage_layers=job.parallel.last_stage_layers if shape.pp == job.parallel.pp else None,
+    )
 
 
 def dominated(job: JobSpec, parallel: ParallelConfig) -> list[ParallelConfig]:

@@ -36,6 +36,7 @@ from frenzy_opt.core.plan import Plan
 from frenzy_opt.core.spec import JobSpec, ParallelConfig
 from frenzy_opt.hardware.cluster import ClusterSpec
 from frenzy_opt.hardware.gpus import GpuType
+from frenzy_opt.planning.bestfirst import Admit, GroupBestFirst
 from frenzy_opt.planning.candidates import RECOMPUTE_ORDER, Shape, configs_at, dp_choices, lower_bound, shapes
 from frenzy_opt.planning.group import Candidate, GpuGroup, Tally, gpu_groups, pins_whole_layout
 from frenzy_opt.planning.plans import (
@@ -49,9 +50,6 @@ from frenzy_opt.planning.plans import (
 from frenzy_opt.prediction.marp.cuda import DEFAULT_CUDA, CudaTerms
 from frenzy_opt.prediction.marp.fit import SHIPPED_FIT, MemoryFit
 from frenzy_opt.prediction.steptime import StepTimeModel
-
-Admit = Callable[[str, int], bool]
-"""Whether a (GPU type, GPU count) is wanted at all (e.g. the placement rule places that many GPUs)."""
 
 
 @collector_paused()
@@ -76,6 +74,9 @@ def fastest_plans(
     winners: list[Plan] = []
     for (precision, gpus_per_node, max_gpus, attention), gpus in gpu_groups(job, cluster).items():
         group = GpuGroup(job, gpus, precision, attention, cluster, cuda=cuda, step_model=step_model, fit=fit)
+        if plan_filter is None and not step_model.profiles:
+            winners += GroupBestFirst(group, headroom, gpus_per_node, max_gpus, admit).run()
+            continue
         search = _GroupSearch(group, headroom, plan_filter, admit)
         for shape in shapes(job, gpus_per_node, max_gpus):
             dps = dp_choices(job, shape, max_gpus)

@@ -236,10 +236,18 @@ class GpuGroup:
         (an allocator replay, :meth:`_bound`) decides whether it runs there."""
         return self._reserve_decides(candidate, gpu, self._bare(candidate, gpu)[0], headroom)
 
+    def may_fit(self, candidate: Candidate, gpu: GpuType, headroom: float) -> bool:
+        """Whether the candidate's bound without the allocator reserve fits ``gpu``: when it does not,
+        :meth:`resolve` has no plan there (a job that pins its whole layout aside, :meth:`_judge`)."""
+        return self._bare_fits(candidate, gpu, self._bare(candidate, gpu)[0], headroom)
+
     def _reserve_decides(self, candidate: Candidate, gpu: GpuType, bare: MemoryBound, headroom: float) -> bool:
         """:meth:`needs_reserve` given the candidate's bound without the reserve on ``gpu``."""
-        fits = bare.required <= _budget(gpu, headroom) and candidate.allocated <= gpu.memory_bytes
-        return fits and self.cuda is not None
+        return self._bare_fits(candidate, gpu, bare, headroom) and self.cuda is not None
+
+    @staticmethod
+    def _bare_fits(candidate: Candidate, gpu: GpuType, bare: MemoryBound, headroom: float) -> bool:
+        return bare.required <= _budget(gpu, headroom) and candidate.allocated <= gpu.memory_bytes
 
     def resolve(self, candidate: Candidate, gpu: GpuType, headroom: float) -> Plan | None:
         """The candidate's plan on ``gpu``, or None when its bound does not fit (the same answer as

@@ -12,7 +12,7 @@ what it reads of a GPU type for one job, read once per GPU type by a plan search
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from frenzy_opt.core.enums import Precision
 from frenzy_opt.core.runtime_profile import profile
@@ -27,7 +27,18 @@ if TYPE_CHECKING:  # the terms and the parameters import this module (StepTerms.
     from frenzy_opt.prediction.stepterms import StepTerms
     from frenzy_opt.prediction.steptime import StepTimeModel
 
-__all__ = ["FLASH_ARCHITECTURES", "GpuRates", "StepTime", "evaluate_terms", "gpu_rates", "profiled_point"]
+__all__ = [
+    "FLASH_ARCHITECTURES",
+    "DpTerms",
+    "GpuRates",
+    "MicrobatchTime",
+    "StepTime",
+    "assemble",
+    "evaluate_terms",
+    "gpu_rates",
+    "microbatch_time",
+    "profiled_point",
+]
 
 
 # GPU architectures FlashAttention runs on: Ampere, Ada and Hopper (FlashAttention-2 README, "Requirements":
@@ -126,6 +137,66 @@ def gpu_rates(
     )
 
 
+class DpTerms(Protocol):
+    """What :func:`assemble` reads of a step's terms besides its :class:`MicrobatchTime`: the fields that
+    depend on the data-parallel degree or the pipeline depth (a :class:`StepTerms` has them all)."""
+
+    @property
+    def microbatches(self) -> int: ...
+    @property
+    def pp(self) -> int: ...
+    @property
+    def vpp(self) -> int: ...
+    @property
+    def balanced(self) -> bool: ...
+    @property
+    def num_gpus(self) -> int: ...
+    @property
+    def pp_stride(self) -> int: ...
+    @property
+    def pipeline_bytes(self) -> float: ...
+    @property
+    def collective_calls(self) -> tuple[float, float, float, float]: ...
+    @property
+    def dp_group(self) -> int: ...
+    @property
+    def dp_stride(self) -> int: ...
+    @property
+    def dp_allreduce_bytes(self) -> float: ...
+    @property
+    def dp_microbatch_bytes(self) -> float: ...
+    @property
+    def optimizer_bytes(self) -> float: ...
+    @property
+    def optimizer_share(self) -> float: ...
+    @property
+    def stage_layers(self) -> float: ...
+    @property
+    def runtime(self) -> str: ...
+    @property
+    def model_flops(self) -> float: ...
+
+
+@dataclass(frozen=True, slots=True)
+class MicrobatchTime:
+    """The seconds of one micro-batch on the bottleneck stage that do not depend on the data-parallel degree
+    (:func:`microbatch_time`). Its layer and collective parts are proportional to the stage's layers (every
+    GEMM count, FLOP and byte volume of them is), its output part does not depend on the pipeline depth:
+    :func:`frenzy_opt.planning.bestfirst` prices the other depths of a layout from one."""
+
+    layers_s: float
+    """The stage's layers, forward and backward with their recompute."""
+    output_s: float
+    """The output layer and loss (with the embedding where a measured profile of one stage gives it)."""
+    comm_s: float
+    """Exposed tensor-, context- and expert-parallel collectives, once per pipeline slot."""
+    overhead_s: float
+    """The runtime's fixed cost per micro-batch and chunk."""
+    hbm_bytes_s: float
+    update_s: float
+    """Measured optimizer seconds per layer of the stage on one rank unsharded (0: priced from the bytes)."""
+
+
 def evaluate_terms(
     t: StepTerms, gpu: GpuType, links: Links, model: StepTimeModel, rates: GpuRates | None = None
 ) -> StepTime:
@@ -134,6 +205,11 @@ def evaluate_terms(
     if rates is None:
         rates = gpu_rates(gpu, model, precision=t.precision, runtime=t.runtime, head_dim=t.head_dim,
                           seq_len=t.seq_len, eager=t.eager)  # fmt: skip
+    return assemble(t, microbatch_time(t, gpu, links, model, rates), links, model)
+
+
+def microbatch_time(t: StepTerms, gpu: GpuType, links: Links, model: StepTimeModel, rates: GpuRates) -> MicrobatchTime:
+    """The parts of :func:`evaluate_terms` that do not depend on the data-parallel degree."""
     assert rates.job == (t.precision, t.runtime, t.head_dim, t.seq_len, t.eager), "rates read for another job"
     sixteen_tflops = rates.sixteen_tflops
     sixteen = sixteen_tflops * 1e12
@@ -157,7 +233,7 @@ def evaluate_terms(
     layers += t.layers * rates.layer_overhead_s
     output = kernels.gemms_s(t.output_gemms, gpu, sixteen_tflops, rates.hbm_gbyte_s, out_bytes, out_bytes)
     output += t.output_bytes / hbm
-    optimizer = t.optimizer_bytes / hbm
+    update = 0.0
     tp_in_layers = False
     point = profiled_point(t, gpu, model)
     if point is not None:  # measured layer times replace the kernel model's (module profiles' docstring)
@@ -165,15 +241,10 @@ def evaluate_terms(
         output = point.output_fwd_s + point.output_bwd_s
         if t.pp == 1:
             output += point.embedding_fwd_s + point.embedding_bwd_s
-        if point.update_s > 0:
-            optimizer = t.stage_layers * point.update_s * t.optimizer_share
+        update = point.update_s
         tp_in_layers = t.shape is not None and model.profiles.includes_tp_comm(gpu.name, t.runtime, t.shape)
-    if t.balanced:  # stages balanced by cost: the output layer's time spread over the stages
-        per_microbatch = (layers * t.pp + output) / t.pp
-    else:  # equal layers per stage, the output layer on the last one
-        per_microbatch = layers + output
     eff = model.link_efficiency
-    tp_calls, cp_calls, ep_calls, sends = t.collective_calls
+    tp_calls, cp_calls, ep_calls, _ = t.collective_calls
     tp = collective_s(links, t.tp_bytes, t.tp, 1, eff) + tp_calls * latency_s(links, t.tp, 1)
     if tp_in_layers:  # measured inside the profiled layer times
         tp = 0.0
@@ -183,12 +254,36 @@ def evaluate_terms(
     cp = max(0.0, collective_s(links, t.cp_bytes, t.cp, t.tp, eff) / 2 - (attention if flash else 0))
     cp += cp_calls * latency_s(links, t.cp, t.tp)
     ep = all_to_all_s(links, t.ep_bytes, t.ep, t.tp, eff) + ep_calls * latency_s(links, t.ep, t.tp)
+    return MicrobatchTime(
+        layers_s=layers,
+        output_s=output,
+        comm_s=tp + cp + ep,
+        overhead_s=rates.microbatch_overhead_s,
+        hbm_bytes_s=hbm,
+        update_s=update,
+    )
+
+
+def assemble(t: DpTerms, mb: MicrobatchTime, links: Links, model: StepTimeModel) -> StepTime:
+    """The step time from its micro-batch parts and the fields of ``t`` that depend on the data-parallel
+    degree and the pipeline depth: the 1F1B slots, the pipeline sends, the exposed data-parallel traffic and
+    the optimizer step."""
+    layers, output = mb.layers_s, mb.output_s
+    if t.balanced:  # stages balanced by cost: the output layer's time spread over the stages
+        per_microbatch = (layers * t.pp + output) / t.pp
+    else:  # equal layers per stage, the output layer on the last one
+        per_microbatch = layers + output
+    if mb.update_s > 0:
+        optimizer = t.stage_layers * mb.update_s * t.optimizer_share
+    else:
+        optimizer = t.optimizer_bytes / mb.hbm_bytes_s
+    eff = model.link_efficiency
+    sends = t.collective_calls[3]
     # Consecutive stages sit on different nodes when one stage fills a node or more.
     crosses = t.num_gpus > links.domain and t.pp_stride >= links.gpus_per_node
     p2p = p2p_s(links, t.pipeline_bytes, crosses, eff)
     if t.pp > 1:
         p2p += sends * (NETWORK_LATENCY_S if crosses else links.intra_node_latency_s)
-    overhead = rates.microbatch_overhead_s
     slots = t.microbatches + (t.pp - 1) / t.vpp
     dp_step = collective_s(links, t.dp_allreduce_bytes, t.dp_group, t.dp_stride, eff)
     dp_mb = collective_s(links, t.dp_microbatch_bytes, t.dp_group, t.dp_stride, eff)
@@ -203,12 +298,12 @@ def evaluate_terms(
     return StepTime(
         compute_s=t.microbatches * per_microbatch,
         bubble_s=(t.pp - 1) / t.vpp * per_microbatch,
-        intra_node_comm_s=slots * (tp + cp + ep),
+        intra_node_comm_s=slots * mb.comm_s,
         pipeline_p2p_s=slots * p2p if t.pp > 1 else 0.0,
         data_parallel_exposed_s=exposed,
         optimizer_s=optimizer,
         model_flops=t.model_flops,
-        overhead_s=slots * overhead * (t.vpp if t.pp > 1 else 1),
+        overhead_s=slots * mb.overhead_s * (t.vpp if t.pp > 1 else 1),
     )
 
 

@@ -116,6 +116,8 @@ class StepTerms:
     recompute_full: bool = False
     optimizer_share: float = 1.0
     """The share of a stage's optimizer step one rank runs (1 over the sharding group under ZeRO/FSDP)."""
+    sharded: bool = False
+    """Optimizer states sharded over the data-parallel (and context-parallel) group (ZeRO >= 1 or FSDP)."""
 
     @property
     def bubble_fraction(self) -> float:
@@ -312,4 +314,5 @@ def step_terms_of(arch: ModelArch, t: TrainingConfig, p: ParallelConfig) -> Step
         stage_layers=layers,
         recompute_full=p.recompute == Recompute.FULL,
         optimizer_share=1 / (p.dp * p.cp) if sharded else 1.0,
+        sharded=sharded,
     )

@@ -1,0 +1,352 @@
+"""The fastest plan per (GPU type, count) found best-first: candidates in the order of their step time, memory
+predicted only for the few that come first.
+
+:func:`frenzy_opt.planning.fastest.fastest_plans` screens every candidate's memory and prices it on every GPU
+before it decides; on a 2,048-GPU cluster that is thousands of candidates and most of a second for one job.
+Here each (GPU type, count) keeps a heap of its candidates keyed by step time and pops them in that order; the
+first whose plan fits (and that the full search reaches) wins, with the same tie rule. What makes it fast:
+
+* **An estimate from shared parts.** A candidate's step time is its micro-batch parts
+  (:func:`frenzy_opt.prediction.stepeval.microbatch_time`: layers, output layer, tensor/context/expert
+  collectives, all independent of dp) assembled with the fields that depend on dp and the pipeline depth
+  (:func:`frenzy_opt.prediction.stepeval.assemble`). The layer and collective parts are proportional to the
+  stage's layers (every GEMM count, FLOP and byte volume of them is, :mod:`frenzy_opt.prediction.stepterms`),
+  so one evaluation per *family* (tp, cp, micro-batch, recompute, sequence parallelism, ep, ZeRO stage, vpp,
+  and whether pp > 1) and GPU prices the family at every pp and dp: the data-parallel bytes, the optimizer's
+  bytes and the stage's layers scale by ``pp_ref / pp``, the optimizer's by ``dp_ref / dp`` when its states are
+  sharded, and the rest is arithmetic on dp. The estimate equals the step time up to rounding
+  (``tests/test_bestfirst.py`` checks 1e-9 on every candidate of several jobs); a heap key is the estimate less
+  :data:`ROUNDING`, so it never exceeds the step time, and an entry popped on its estimate is priced exactly
+  (:func:`frenzy_opt.prediction.stepterms.cached_step_terms`, what the full search prices) and pushed back.
+* **More recompute on demand.** More recompute only lengthens a micro-batch's layers (more FLOPs, layer
+  executions and elementwise passes), so the same layout with the next recompute mode takes at least this
+  one's compute, bubble, optimizer, sends and fixed costs (:func:`follower_bound`; not its collectives or
+  data-parallel traffic: the model hides more of those behind longer layers, and a step with recompute can
+  come out faster). It enters the heap at that bound, and is estimated only when the bound comes first.
+* **Memory on demand.** A popped candidate's plan is judged as the full search judges it
+  (:meth:`frenzy_opt.planning.group.GpuGroup.resolve`), after the shape's memory floor
+  (:func:`frenzy_opt.planning.candidates.lower_bound`) and the dp scan's reach (a dp >= 2 counts only when every
+  larger dp of its shape had a plan on some GPU of the group), both worked out once per shape and level.
+
+Measured layer profiles (``StepTimeModel.profiles``) replace the layers' time by measured times that need not
+scale with the layer count, and a plan filter sends refused layouts to stand-ins: the screening search serves
+those (:func:`frenzy_opt.planning.fastest.fastest_plans`).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+from frenzy_opt.core.plan import Plan
+from frenzy_opt.core.spec import ParallelConfig
+from frenzy_opt.hardware.gpus import GpuType
+from frenzy_opt.planning.candidates import (
+    RECOMPUTE_ORDER,
+    Shape,
+    config_of,
+    dp_choices,
+    layout_choices,
+    lower_bound,
+    shapes,
+)
+from frenzy_opt.planning.group import Candidate, GpuGroup
+from frenzy_opt.planning.plans import rank_key
+from frenzy_opt.prediction.stepeval import MicrobatchTime, StepTime, assemble, microbatch_time
+from frenzy_opt.prediction.stepterms import StepTerms, cached_step_terms
+
+Admit = Callable[[str, int], bool]
+"""Whether a (GPU type, GPU count) is wanted at all (e.g. the placement rule places that many GPUs)."""
+
+ROUNDING = 1e-9
+"""Relative slack of an estimate's heap key: the estimate reassociates the step time's floating-point sums
+(measured within 1e-12 of it; ``tests/test_bestfirst.py`` asserts 1e-10)."""
+
+
+class _DpView(NamedTuple):
+    """The dp- and depth-dependent fields of a candidate's terms (:class:`frenzy_opt.prediction.stepeval.DpTerms`)
+    derived from its family's reference terms."""
+
+    microbatches: int
+    pp: int
+    vpp: int
+    balanced: bool
+    num_gpus: int
+    pp_stride: int
+    pipeline_bytes: float
+    collective_calls: tuple[float, float, float, float]
+    dp_group: int
+    dp_stride: int
+    dp_allreduce_bytes: float
+    dp_microbatch_bytes: float
+    optimizer_bytes: float
+    optimizer_share: float
+    stage_layers: float
+    runtime: str
+    model_flops: float
+
+
+@dataclass(slots=True, eq=False)
+class _Family:
+    """Candidates that differ only in pp and dp (module docstring): one reference's terms, parts per GPU."""
+
+    ref: StepTerms
+    parts: dict[str, MicrobatchTime] = field(default_factory=dict)
+    scaled: dict[tuple[str, int], MicrobatchTime] = field(default_factory=dict)
+
+
+def family_key(shape: Shape, ep: int, zero: int) -> tuple[object, ...]:
+    return (shape.tp, shape.cp, shape.micro_batch_size, shape.recompute, shape.sequence_parallel, ep, zero,
+            shape.vpp, shape.pp > 1)  # fmt: skip
+
+
+def estimate_seconds(group: GpuGroup, ref: StepTerms, parts: MicrobatchTime, gpu: GpuType, pp: int, dp: int) -> float:
+    """The step time of the reference's family at ``pp`` and ``dp`` on ``gpu`` (module docstring), ``parts``
+    being :func:`microbatch_time` of ``ref`` on ``gpu``."""
+    return assemble(_view(group, ref, pp, dp), _scaled(parts, ref.pp / pp), group.links[gpu.name],
+                    group.step_model).total_s  # fmt: skip
+
+
+def _scaled(parts: MicrobatchTime, ratio: float) -> MicrobatchTime:
+    return MicrobatchTime(
+        layers_s=parts.layers_s * ratio,
+        output_s=parts.output_s,
+        comm_s=parts.comm_s * ratio,
+        overhead_s=parts.overhead_s,
+        hbm_bytes_s=parts.hbm_bytes_s,
+        update_s=parts.update_s,
+    )
+
+
+def _view(group: GpuGroup, ref: StepTerms, pp: int, dp: int) -> _DpView:
+    ratio = ref.pp / pp
+    ref_dp = ref.dp_group // ref.cp
+    sharing = ref.dp_group / (dp * ref.cp) if ref.sharded else 1.0
+    return _DpView(
+        microbatches=group.job.training.num_micro_batches(dp, ref.micro_batch_size),
+        pp=pp,
+        vpp=ref.vpp,
+        balanced=ref.balanced,
+        num_gpus=ref.num_gpus // (ref_dp * ref.pp) * dp * pp,
+        pp_stride=ref.pp_stride // ref_dp * dp,
+        pipeline_bytes=ref.pipeline_bytes,
+        collective_calls=ref.collective_calls,
+        dp_group=dp * ref.cp,
+        dp_stride=ref.dp_stride,
+        dp_allreduce_bytes=ref.dp_allreduce_bytes * ratio,
+        dp_microbatch_bytes=ref.dp_microbatch_bytes * ratio,
+        optimizer_bytes=ref.optimizer_bytes * ratio * sharing,
+        optimizer_share=1 / (dp * ref.cp) if ref.sharded else 1.0,
+        stage_layers=ref.stage_layers * ratio,
+        runtime=ref.runtime,
+        model_flops=ref.model_flops,
+    )
+
+
+_Key = tuple[int, int, int, int]
+"""A candidate: (shape index, dp, ep, ZeRO stage)."""
+_Entry = tuple[float, int, int, int, _Key]
+"""A heap entry: (key seconds, recompute rank, sequence, state, candidate). The state says what the key is: a
+lower bound (:data:`_BOUND`), the estimate (:data:`_ESTIMATE`) or the step time (:data:`_EXACT`)."""
+_BOUND, _ESTIMATE, _EXACT = 0, 1, 2
+
+
+def follower_bound(step: StepTime) -> float:
+    """A lower bound of the step time of the same candidate with the next recompute mode, from this one's
+    (module docstring): its compute, bubble, optimizer, sends and fixed costs. More recompute only adds to
+    the micro-batch's layers, and those parts grow with them; the collectives and the data-parallel traffic
+    are left out because longer layers hide more of them."""
+    return step.compute_s + step.bubble_s + step.optimizer_s + step.pipeline_p2p_s + step.overhead_s
+
+
+class GroupBestFirst:
+    """The best-first search (module docstring) over one GPU group."""
+
+    def __init__(
+        self, group: GpuGroup, headroom: float, gpus_per_node: int, max_gpus: int, admit: Admit | None
+    ) -> None:
+        self.group, self.headroom = group, headroom
+        self.admit = admit
+        self.gpus = {gpu.name: gpu for link_gpus in group.by_link for gpu in link_gpus}
+        job = group.base
+        self.shapes = list(shapes(job, gpus_per_node, max_gpus))
+        self.dps = [dp_choices(job, shape, max_gpus) for shape in self.shapes]
+        self.families: dict[tuple[object, ...], _Family] = {}
+        self.configs: dict[_Key, ParallelConfig] = {}
+        self.candidates: dict[_Key, Candidate] = {}
+        self.gates: dict[int, bool] = {}
+        self.levels: dict[tuple[int, int], bool] = {}
+        self.maybe: dict[tuple[int, int], bool] = {}
+        self.sequence = 0
+        # The next shape with the same layout and the next recompute in RECOMPUTE_ORDER (shapes() makes the
+        # recompute the innermost choice).
+        self.successor: list[int | None] = [None] * len(self.shapes)
+        for i in range(len(self.shapes) - 1):
+            a, b = self.shapes[i], self.shapes[i + 1]
+            if _same_layout(a, b) and RECOMPUTE_ORDER.index(b.recompute) > RECOMPUTE_ORDER.index(a.recompute):
+                self.successor[i] = i + 1
+
+    def run(self) -> list[Plan]:
+        pools: dict[tuple[str, int], list[_Entry]] = {}
+        followers = {i for i in self.successor if i is not None}
+        admit = self.admit
+        for index, shape in enumerate(self.shapes):
+            if index in followers:
+                continue
+            for dp in self.dps[index]:
+                count = dp * shape.model_gpus
+                names = [name for name in self.gpus if admit is None or admit(name, count)]
+                if not names:
+                    continue
+                for ep, zero in layout_choices(self.group.base, shape, dp):
+                    key = (index, dp, ep, zero)
+                    for name in names:
+                        pools.setdefault((name, count), []).extend(self._estimated(key, name))
+        winners = []
+        for (name, _), heap in sorted(pools.items()):
+            heapq.heapify(heap)
+            if (plan := self._first(heap, self.gpus[name])) is not None:
+                winners.append(plan)
+        return winners
+
+    def _first(self, heap: list[_Entry], gpu: GpuType) -> Plan | None:
+        """The plan the full search ranks first among this (GPU type, count)'s candidates."""
+        found: tuple[float, int] | None = None
+        ties: list[Plan] = []
+        while heap:
+            seconds, rank, _, state, key = heapq.heappop(heap)
+            if found is not None and (seconds, rank) > found:
+                break
+            if state == _BOUND:
+                for entry in self._estimated(key, gpu.name):
+                    heapq.heappush(heap, entry)
+                continue
+            if state == _ESTIMATE:
+                if self._possible(key, gpu):
+                    heapq.heappush(heap, self._exact(key, gpu))
+                continue
+            plan = self._plan(key, gpu, seconds)
+            if plan is not None:
+                found = (seconds, rank)
+                ties.append(plan)
+        return min(ties, key=rank_key) if ties else None
+
+    def _next(self) -> int:
+        self.sequence += 1
+        return self.sequence
+
+    def _config(self, key: _Key) -> ParallelConfig:
+        config = self.configs.get(key)
+        if config is None:
+            index, dp, ep, zero = key
+            config = self.configs[key] = config_of(self.group.base, self.shapes[index], dp, ep, zero)
+        return config
+
+    def _terms(self, key: _Key) -> StepTerms:
+        shape = self.shapes[key[0]]
+        return cached_step_terms(self.group.job.model, self.group.cache.training(shape.micro_batch_size),
+                                 self._config(key))  # fmt: skip
+
+    def _estimated(self, key: _Key, name: str) -> list[_Entry]:
+        """The candidate's entry at its estimate, and its follower's (the next recompute) at the bound the
+        estimate gives it (:func:`follower_bound`)."""
+        index, dp, ep, zero = key
+        shape = self.shapes[index]
+        fkey = family_key(shape, ep, zero)
+        family = self.families.get(fkey)
+        if family is None:
+            family = self.families[fkey] = _Family(self._terms(key))
+        group, ref = self.group, family.ref
+        scaled = family.scaled.get((name, shape.pp))
+        if scaled is None:
+            parts = family.parts.get(name)
+            if parts is None:
+                gpu = self.gpus[name]
+                parts = family.parts[name] = microbatch_time(ref, gpu, group.links[name], group.step_model,
+                                                             group.rates[name])  # fmt: skip
+            scaled = family.scaled[(name, shape.pp)] = _scaled(parts, ref.pp / shape.pp)
+        step = assemble(_view(group, ref, shape.pp, dp), scaled, group.links[name], group.step_model)
+        rank = RECOMPUTE_ORDER.index(shape.recompute)
+        entries = [(step.total_s * (1 - ROUNDING), rank, self._next(), _ESTIMATE, key)]
+        follower = self.successor[index]
+        if follower is not None:
+            bound = follower_bound(step) * (1 - ROUNDING)
+            entries.append((bound, rank + 1, self._next(), _BOUND, (follower, dp, ep, zero)))
+        return entries
+
+    def _exact(self, key: _Key, gpu: GpuType) -> _Entry:
+        group = self.group
+        step = self._terms(key).evaluate(gpu, group.links[gpu.name], group.step_model, group.rates[gpu.name])
+        recompute = RECOMPUTE_ORDER.index(self.shapes[key[0]].recompute)
+        return (step.total_s, recompute, self._next(), _EXACT, key)
+
+    def _candidate(self, key: _Key) -> Candidate:
+        candidate = self.candidates.get(key)
+        if candidate is None:
+            shape = self.shapes[key[0]]
+            group = self.group
+            candidate = self.candidates[key] = group.candidate(self._config(key), shape.micro_batch_size,
+                                                               group.capacity)  # fmt: skip
+        return candidate
+
+    def _plan(self, key: _Key, gpu: GpuType, seconds: float) -> Plan | None:
+        """The candidate's plan on ``gpu`` if the full search has it: the shape passes its memory floor, the
+        dp scan reaches its level, and its bound fits."""
+        index, dp = key[0], key[1]
+        if not self._gate(index) or not self._reached(index, dp):
+            return None
+        candidate = self._candidate(key)
+        candidate.seconds.setdefault(gpu.name, seconds)
+        return self.group.resolve(candidate, gpu, self.headroom)
+
+    def _gate(self, index: int) -> bool:
+        passed = self.gates.get(index)
+        if passed is None:
+            dps = self.dps[index]
+            passed = self.gates[index] = bool(dps) and lower_bound(self.group.base, self.shapes[index],
+                                                                   dps[0]) <= self.group.capacity  # fmt: skip
+        return passed
+
+    def _possible(self, key: _Key, gpu: GpuType) -> bool:
+        """A necessary condition for the candidate to have a plan on ``gpu`` that the full search reaches,
+        cheaper than its exact step time: the shape's memory floor, its bound without the allocator reserve
+        on ``gpu``, and, at a dp >= 2, such a bound fitting some GPU at every larger dp of the shape."""
+        index, dp = key[0], key[1]
+        if not self._gate(index) or not self.group.may_fit(self._candidate(key), gpu, self.headroom):
+            return False
+        return dp < 2 or all(self._level_may_fit(index, larger) for larger in self.dps[index] if larger > dp)
+
+    def _level_may_fit(self, index: int, dp: int) -> bool:
+        fits = self.maybe.get((index, dp))
+        if fits is None:
+            fits = self.maybe[(index, dp)] = any(
+                self.group.may_fit(self._candidate((index, dp, ep, zero)), gpu, self.headroom)
+                for ep, zero in layout_choices(self.group.base, self.shapes[index], dp)
+                for gpu in self.gpus.values()
+            )
+        return fits
+
+    def _reached(self, index: int, dp: int) -> bool:
+        """Whether the full search's dp scan of the shape evaluates ``dp``: dp = 1 always, a dp >= 2 when every
+        larger dp of the shape had a plan on some GPU of the group."""
+        if dp < 2:
+            return True
+        return all(self._level_fits(index, larger) for larger in self.dps[index] if larger > dp)
+
+    def _level_fits(self, index: int, dp: int) -> bool:
+        fits = self.levels.get((index, dp))
+        if fits is None:
+            shape = self.shapes[index]
+            fits = self.levels[(index, dp)] = any(
+                self.group.resolve(self._candidate((index, dp, ep, zero)), gpu, self.headroom) is not None
+                for ep, zero in layout_choices(self.group.base, shape, dp)
+                for gpu in self.gpus.values()
+            )
+        return fits
+
+
+def _same_layout(a: Shape, b: Shape) -> bool:
+    return (a.tp, a.pp, a.vpp, a.cp, a.micro_batch_size, a.sequence_parallel) == (
+        b.tp, b.pp, b.vpp, b.cp, b.micro_batch_size, b.sequence_parallel)  # fmt: skip

@@ -1,0 +1,111 @@
+"""The best-first plan search's two premises, checked on every candidate of jobs across runtimes, precisions,
+MoE and context parallelism on multi-node clusters: a family's estimate is the candidate's step time (up to
+rounding), and a layout's step time bounds the same layout's with more recompute from below
+(:func:`follower_bound`). And its answer is the full search's."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import replace
+
+import pytest
+from factories import cluster_of
+
+from frenzy_opt.core.spec import JobSpec, parse_job
+from frenzy_opt.hardware.cluster import ClusterSpec
+from frenzy_opt.planning.bestfirst import ROUNDING, estimate_seconds, family_key, follower_bound
+from frenzy_opt.planning.candidates import RECOMPUTE_ORDER, config_of, dp_choices, layout_choices, shapes
+from frenzy_opt.planning.fastest import fastest_plans
+from frenzy_opt.planning.group import GpuGroup, gpu_groups
+from frenzy_opt.planning.plans import DEFAULT_STEP_MODEL, Plan, enumerate_plans
+from frenzy_opt.prediction.marp.cuda import DEFAULT_CUDA
+from frenzy_opt.prediction.marp.fit import SHIPPED_FIT
+from frenzy_opt.prediction.stepeval import StepTime, microbatch_time
+from frenzy_opt.prediction.stepterms import cached_step_terms
+
+
+def _job(model: str, **training: object) -> JobSpec:
+    train = {"seq_len": 2048, "micro_batch_size": 1, "global_batch_size": 64, **training}
+    return parse_job({"name": "bestfirst", "model": model, "training": train})
+
+
+# Several nodes per type, so that pipeline sends and data-parallel rings cross nodes at some dp and not at others.
+NODES = cluster_of(("H100-SXM5-80GB", 4, 8), ("A100-SXM4-40GB", 4, 8), ("V100-SXM2-32GB", 2, 8), ("L4", 2, 4))
+JOBS = {
+    "megatron": _job("llama2-7b", seq_len=4096),
+    "moe": _job("mixtral-8x7b", seq_len=1024, global_batch_size=32),
+    "fsdp2": _job("gpt3-2.7b", runtime="fsdp2"),
+    "deepspeed": _job("gpt3-1.3b", runtime="deepspeed", precision="fp16"),
+    "fp8-cp": _job("llama3-8b", precision="fp8", seq_len=8192, global_batch_size=32),
+}
+
+
+def _groups(job: JobSpec, cluster: ClusterSpec) -> list[tuple[GpuGroup, int, int]]:
+    out = []
+    for (precision, per_node, max_gpus, attention), gpus in gpu_groups(job, cluster).items():
+        group = GpuGroup(job, gpus, precision, attention, cluster, cuda=DEFAULT_CUDA, step_model=DEFAULT_STEP_MODEL,
+                         fit=SHIPPED_FIT)  # fmt: skip
+        out.append((group, per_node, max_gpus))
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(JOBS))
+def test_a_familys_estimate_is_each_candidates_step_time(name: str) -> None:
+    job = JOBS[name]
+    checked = 0
+    for group, per_node, max_gpus in _groups(job, NODES):
+        refs: dict[tuple[object, ...], object] = {}
+        for shape in shapes(group.base, per_node, max_gpus):
+            training = group.cache.training(shape.micro_batch_size)
+            for dp in dp_choices(group.base, shape, max_gpus):
+                for ep, zero in layout_choices(group.base, shape, dp):
+                    terms = cached_step_terms(job.model, training, config_of(group.base, shape, dp, ep, zero))
+                    ref = refs.setdefault(family_key(shape, ep, zero), terms)
+                    for link_gpus in group.by_link:
+                        for gpu in link_gpus:
+                            links, rates = group.links[gpu.name], group.rates[gpu.name]
+                            exact = terms.evaluate(gpu, links, DEFAULT_STEP_MODEL, rates).total_s
+                            parts = microbatch_time(ref, gpu, links, DEFAULT_STEP_MODEL, rates)  # type: ignore[arg-type]
+                            estimate = estimate_seconds(group, ref, parts, gpu, shape.pp, dp)  # type: ignore[arg-type]
+                            assert estimate == pytest.approx(exact, rel=ROUNDING / 10), (gpu.name, shape, dp, ep, zero)
+                            checked += 1
+    assert checked > 500
+
+
+@pytest.mark.parametrize("name", sorted(JOBS))
+def test_a_layouts_step_time_bounds_its_next_recompute_from_below(name: str) -> None:
+    job = JOBS[name]
+    chains = 0
+    for group, per_node, max_gpus in _groups(job, NODES):
+        steps: dict[tuple[object, ...], list[tuple[int, StepTime]]] = {}
+        for shape in shapes(group.base, per_node, max_gpus):
+            training = group.cache.training(shape.micro_batch_size)
+            layout = (shape.tp, shape.pp, shape.vpp, shape.cp, shape.micro_batch_size, shape.sequence_parallel)
+            for dp in dp_choices(group.base, shape, max_gpus):
+                for ep, zero in layout_choices(group.base, shape, dp):
+                    terms = cached_step_terms(job.model, training, config_of(group.base, shape, dp, ep, zero))
+                    for gpu in group.by_link[0]:
+                        step = terms.evaluate(gpu, group.links[gpu.name], DEFAULT_STEP_MODEL, group.rates[gpu.name])
+                        key = (*layout, dp, ep, zero, gpu.name)
+                        steps.setdefault(key, []).append((RECOMPUTE_ORDER.index(shape.recompute), step))
+        for chain in steps.values():
+            chain.sort(key=lambda item: item[0])
+            for (_, step), (_, follower) in itertools.pairwise(chain):
+                assert follower_bound(step) <= follower.total_s * (1 + ROUNDING / 10), (step, follower)
+                chains += 1
+    assert chains > 100
+
+
+def _first_per_count(plans: list[Plan]) -> dict[tuple[str, int], Plan]:
+    best: dict[tuple[str, int], Plan] = {}
+    for plan in plans:
+        best.setdefault((plan.gpu_type, plan.num_gpus), plan)
+    return best
+
+
+@pytest.mark.parametrize("name", ["megatron", "moe", "fp8-cp"])
+def test_the_best_first_search_answers_as_the_full_search_across_nodes(name: str) -> None:
+    job = replace(JOBS[name], training=replace(JOBS[name].training, train_steps=1))
+    full = _first_per_count(enumerate_plans(job, NODES).plans)
+    fast = {(p.gpu_type, p.num_gpus): p for p in fastest_plans(job, NODES)}
+    assert fast == full
