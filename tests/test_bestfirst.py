@@ -13,14 +13,14 @@ from factories import cluster_of
 
 from frenzy_opt.core.spec import JobSpec, parse_job
 from frenzy_opt.hardware.cluster import ClusterSpec
-from frenzy_opt.planning.bestfirst import ROUNDING, estimate_seconds, family_key, follower_bound
+from frenzy_opt.planning.bestfirst import ROUNDING, GroupBestFirst, follower_bound
 from frenzy_opt.planning.candidates import RECOMPUTE_ORDER, config_of, dp_choices, layout_choices, shapes
 from frenzy_opt.planning.fastest import fastest_plans
 from frenzy_opt.planning.group import GpuGroup, gpu_groups
 from frenzy_opt.planning.plans import DEFAULT_STEP_MODEL, Plan, enumerate_plans
 from frenzy_opt.prediction.marp.cuda import DEFAULT_CUDA
 from frenzy_opt.prediction.marp.fit import SHIPPED_FIT
-from frenzy_opt.prediction.stepeval import StepTime, microbatch_time
+from frenzy_opt.prediction.stepeval import StepTime
 from frenzy_opt.prediction.stepterms import cached_step_terms
 
 
@@ -50,25 +50,25 @@ def _groups(job: JobSpec, cluster: ClusterSpec) -> list[tuple[GpuGroup, int, int
 
 
 @pytest.mark.parametrize("name", sorted(JOBS))
-def test_a_familys_estimate_is_each_candidates_step_time(name: str) -> None:
+def test_every_candidates_bound_and_estimate_against_its_step_time(name: str) -> None:
+    """The search's three keys of every candidate on every GPU: the bound at most the step time, the estimate
+    equal to it up to rounding."""
     job = JOBS[name]
     checked = 0
     for group, per_node, max_gpus in _groups(job, NODES):
-        refs: dict[tuple[object, ...], object] = {}
-        for shape in shapes(group.base, per_node, max_gpus):
-            training = group.cache.training(shape.micro_batch_size)
-            for dp in dp_choices(group.base, shape, max_gpus):
+        search = GroupBestFirst(group, 0.0, per_node, max_gpus, None)
+        for index, shape in enumerate(search.shapes):
+            for dp in search.dps[index]:
                 for ep, zero in layout_choices(group.base, shape, dp):
-                    terms = cached_step_terms(job.model, training, config_of(group.base, shape, dp, ep, zero))
-                    ref = refs.setdefault(family_key(shape, ep, zero), terms)
-                    for link_gpus in group.by_link:
-                        for gpu in link_gpus:
-                            links, rates = group.links[gpu.name], group.rates[gpu.name]
-                            exact = terms.evaluate(gpu, links, DEFAULT_STEP_MODEL, rates).total_s
-                            parts = microbatch_time(ref, gpu, links, DEFAULT_STEP_MODEL, rates)  # type: ignore[arg-type]
-                            estimate = estimate_seconds(group, ref, parts, gpu, shape.pp, dp)  # type: ignore[arg-type]
-                            assert estimate == pytest.approx(exact, rel=ROUNDING / 10), (gpu.name, shape, dp, ep, zero)
-                            checked += 1
+                    key = (index, dp, ep, zero)
+                    for gpu in search.gpus.values():
+                        exact = search._exact(key, gpu)[0]
+                        assert search._bounded(key, gpu.name)[0] <= exact
+                        estimate = search._estimated(key, gpu.name)[0][0]
+                        # The key is the estimate less ROUNDING; the estimate itself is the step time.
+                        assert estimate / (1 - ROUNDING) == pytest.approx(exact, rel=ROUNDING / 10), key
+                        assert estimate <= exact
+                        checked += 1
     assert checked > 500
 
 

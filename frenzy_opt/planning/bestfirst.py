@@ -37,10 +37,10 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from frenzy_opt.core.plan import Plan
+from frenzy_opt.core.runtime_profile import profile
 from frenzy_opt.core.spec import ParallelConfig
 from frenzy_opt.hardware.gpus import GpuType
 from frenzy_opt.planning.candidates import (
@@ -54,7 +54,7 @@ from frenzy_opt.planning.candidates import (
 )
 from frenzy_opt.planning.group import Candidate, GpuGroup
 from frenzy_opt.planning.plans import rank_key
-from frenzy_opt.prediction.stepeval import MicrobatchTime, StepTime, assemble, microbatch_time
+from frenzy_opt.prediction.stepeval import MicrobatchTime, StepTime, assemble, microbatch_time, per_microbatch_s
 from frenzy_opt.prediction.stepterms import StepTerms, cached_step_terms
 
 Admit = Callable[[str, int], bool]
@@ -88,25 +88,17 @@ class _DpView(NamedTuple):
     model_flops: float
 
 
-@dataclass(slots=True, eq=False)
-class _Family:
-    """Candidates that differ only in pp and dp (module docstring): one reference's terms, parts per GPU."""
-
-    ref: StepTerms
-    parts: dict[str, MicrobatchTime] = field(default_factory=dict)
-    scaled: dict[tuple[str, int], MicrobatchTime] = field(default_factory=dict)
-
-
 def family_key(shape: Shape, ep: int, zero: int) -> tuple[object, ...]:
-    return (shape.tp, shape.cp, shape.micro_batch_size, shape.recompute, shape.sequence_parallel, ep, zero,
-            shape.vpp, shape.pp > 1)  # fmt: skip
+    """Candidates whose step times one reference's terms give with their own micro-batch parts (module
+    docstring): all but pp, dp and the recompute mode fixed (recompute changes only the micro-batch parts and
+    the model FLOPs, which the step time does not read), and whether there is a pipeline at all."""
+    return (shape.tp, shape.cp, shape.micro_batch_size, shape.sequence_parallel, ep, zero, shape.vpp, shape.pp > 1)
 
 
-def estimate_seconds(group: GpuGroup, ref: StepTerms, parts: MicrobatchTime, gpu: GpuType, pp: int, dp: int) -> float:
-    """The step time of the reference's family at ``pp`` and ``dp`` on ``gpu`` (module docstring), ``parts``
-    being :func:`microbatch_time` of ``ref`` on ``gpu``."""
-    return assemble(_view(group, ref, pp, dp), _scaled(parts, ref.pp / pp), group.links[gpu.name],
-                    group.step_model).total_s  # fmt: skip
+def parts_key(shape: Shape, ep: int) -> tuple[object, ...]:
+    """Candidates that share their micro-batch parts (:class:`MicrobatchTime`) up to the pp scaling: the
+    ZeRO stage, vpp and dp change only what :func:`assemble` adds."""
+    return (shape.tp, shape.cp, shape.micro_batch_size, shape.recompute, shape.sequence_parallel, ep)
 
 
 def _scaled(parts: MicrobatchTime, ratio: float) -> MicrobatchTime:
@@ -173,7 +165,14 @@ class GroupBestFirst:
         job = group.base
         self.shapes = list(shapes(job, gpus_per_node, max_gpus))
         self.dps = [dp_choices(job, shape, max_gpus) for shape in self.shapes]
-        self.families: dict[tuple[object, ...], _Family] = {}
+        self.training = job.training
+        # Runtimes that balance their stages by cost spread the output layer (RuntimeProfile).
+        self.balanced = profile(job.training.runtime).balanced_pipeline_stages
+        self.refs: dict[tuple[object, ...], StepTerms] = {}
+        self.parts: dict[tuple[object, ...], tuple[MicrobatchTime, int]] = {}
+        self.scaled: dict[tuple[object, ...], MicrobatchTime] = {}
+        self.per_slot: dict[tuple[object, ...], float] = {}
+        self.layouts: dict[tuple[int, int, int, int], list[tuple[int, int]]] = {}
         self.configs: dict[_Key, ParallelConfig] = {}
         self.candidates: dict[_Key, Candidate] = {}
         self.gates: dict[int, bool] = {}
@@ -200,10 +199,10 @@ class GroupBestFirst:
                 names = [name for name in self.gpus if admit is None or admit(name, count)]
                 if not names:
                     continue
-                for ep, zero in layout_choices(self.group.base, shape, dp):
+                for ep, zero in self._layouts(shape, dp):
                     key = (index, dp, ep, zero)
                     for name in names:
-                        pools.setdefault((name, count), []).extend(self._estimated(key, name))
+                        pools.setdefault((name, count), []).append(self._bounded(key, name))
         winners = []
         for (name, _), heap in sorted(pools.items()):
             heapq.heapify(heap)
@@ -249,25 +248,53 @@ class GroupBestFirst:
         return cached_step_terms(self.group.job.model, self.group.cache.training(shape.micro_batch_size),
                                  self._config(key))  # fmt: skip
 
+    def _parts(self, key: _Key, name: str) -> tuple[MicrobatchTime, int]:
+        """The micro-batch parts of the candidate's :func:`parts_key` on GPU ``name``, and the pipeline depth
+        they were priced at."""
+        shape = self.shapes[key[0]]
+        pkey = (*parts_key(shape, key[2]), name)
+        found = self.parts.get(pkey)
+        if found is None:
+            terms, group = self._terms(key), self.group
+            parts = microbatch_time(terms, self.gpus[name], group.links[name], group.step_model, group.rates[name])
+            found = self.parts[pkey] = (parts, terms.pp)
+        return found
+
+    def _scaled(self, key: _Key, name: str) -> MicrobatchTime:
+        shape = self.shapes[key[0]]
+        skey = (*parts_key(shape, key[2]), name, shape.pp)
+        scaled = self.scaled.get(skey)
+        if scaled is None:
+            parts, pp = self._parts(key, name)
+            scaled = self.scaled[skey] = _scaled(parts, pp / shape.pp)
+        return scaled
+
+    def _bounded(self, key: _Key, name: str) -> _Entry:
+        """The candidate's entry at a lower bound of its step time: its micro-batches', bubble's and fixed
+        costs per pipeline slot (no collectives, data-parallel traffic or optimizer step)."""
+        index, dp = key[0], key[1]
+        shape = self.shapes[index]
+        skey = (*parts_key(shape, key[2]), name, shape.pp, shape.vpp)
+        per_slot = self.per_slot.get(skey)
+        if per_slot is None:
+            scaled = self._scaled(key, name)
+            chunks = shape.vpp if shape.pp > 1 else 1
+            per_slot = per_microbatch_s(scaled, shape.pp, balanced=self.balanced) + scaled.overhead_s * chunks
+            self.per_slot[skey] = per_slot
+        slots = self.training.num_micro_batches(dp, shape.micro_batch_size) + (shape.pp - 1) / shape.vpp
+        return (slots * per_slot * (1 - ROUNDING), RECOMPUTE_ORDER.index(shape.recompute), self._next(), _BOUND, key)
+
     def _estimated(self, key: _Key, name: str) -> list[_Entry]:
         """The candidate's entry at its estimate, and its follower's (the next recompute) at the bound the
         estimate gives it (:func:`follower_bound`)."""
         index, dp, ep, zero = key
         shape = self.shapes[index]
         fkey = family_key(shape, ep, zero)
-        family = self.families.get(fkey)
-        if family is None:
-            family = self.families[fkey] = _Family(self._terms(key))
-        group, ref = self.group, family.ref
-        scaled = family.scaled.get((name, shape.pp))
-        if scaled is None:
-            parts = family.parts.get(name)
-            if parts is None:
-                gpu = self.gpus[name]
-                parts = family.parts[name] = microbatch_time(ref, gpu, group.links[name], group.step_model,
-                                                             group.rates[name])  # fmt: skip
-            scaled = family.scaled[(name, shape.pp)] = _scaled(parts, ref.pp / shape.pp)
-        step = assemble(_view(group, ref, shape.pp, dp), scaled, group.links[name], group.step_model)
+        ref = self.refs.get(fkey)
+        if ref is None:
+            ref = self.refs[fkey] = self._terms(key)
+        group = self.group
+        step = assemble(_view(group, ref, shape.pp, dp), self._scaled(key, name), group.links[name], group.step_model)
         rank = RECOMPUTE_ORDER.index(shape.recompute)
         entries = [(step.total_s * (1 - ROUNDING), rank, self._next(), _ESTIMATE, key)]
         follower = self.successor[index]
@@ -323,10 +350,18 @@ class GroupBestFirst:
         if fits is None:
             fits = self.maybe[(index, dp)] = any(
                 self.group.may_fit(self._candidate((index, dp, ep, zero)), gpu, self.headroom)
-                for ep, zero in layout_choices(self.group.base, self.shapes[index], dp)
+                for ep, zero in self._layouts(self.shapes[index], dp)
                 for gpu in self.gpus.values()
             )
         return fits
+
+    def _layouts(self, shape: Shape, dp: int) -> list[tuple[int, int]]:
+        """:func:`layout_choices`, which depends on the shape's tp, pp and cp only."""
+        lkey = (shape.tp, shape.pp, shape.cp, dp)
+        found = self.layouts.get(lkey)
+        if found is None:
+            found = self.layouts[lkey] = layout_choices(self.group.base, shape, dp)
+        return found
 
     def _reached(self, index: int, dp: int) -> bool:
         """Whether the full search's dp scan of the shape evaluates ``dp``: dp = 1 always, a dp >= 2 when every
@@ -341,7 +376,7 @@ class GroupBestFirst:
             shape = self.shapes[index]
             fits = self.levels[(index, dp)] = any(
                 self.group.resolve(self._candidate((index, dp, ep, zero)), gpu, self.headroom) is not None
-                for ep, zero in layout_choices(self.group.base, shape, dp)
+                for ep, zero in self._layouts(shape, dp)
                 for gpu in self.gpus.values()
             )
         return fits

@@ -37,6 +37,7 @@ __all__ = [
     "evaluate_terms",
     "gpu_rates",
     "microbatch_time",
+    "per_microbatch_s",
     "profiled_point",
 ]
 
@@ -264,15 +265,18 @@ def microbatch_time(t: StepTerms, gpu: GpuType, links: Links, model: StepTimeMod
     )
 
 
+def per_microbatch_s(mb: MicrobatchTime, pp: int, *, balanced: bool) -> float:
+    """Seconds the bottleneck stage spends on one micro-batch, forward and backward."""
+    if balanced:  # stages balanced by cost: the output layer's time spread over the stages
+        return (mb.layers_s * pp + mb.output_s) / pp
+    return mb.layers_s + mb.output_s  # equal layers per stage, the output layer on the last one
+
+
 def assemble(t: DpTerms, mb: MicrobatchTime, links: Links, model: StepTimeModel) -> StepTime:
     """The step time from its micro-batch parts and the fields of ``t`` that depend on the data-parallel
     degree and the pipeline depth: the 1F1B slots, the pipeline sends, the exposed data-parallel traffic and
     the optimizer step."""
-    layers, output = mb.layers_s, mb.output_s
-    if t.balanced:  # stages balanced by cost: the output layer's time spread over the stages
-        per_microbatch = (layers * t.pp + output) / t.pp
-    else:  # equal layers per stage, the output layer on the last one
-        per_microbatch = layers + output
+    per_microbatch = per_microbatch_s(mb, t.pp, balanced=t.balanced)
     if mb.update_s > 0:
         optimizer = t.stage_layers * mb.update_s * t.optimizer_share
     else:
