@@ -178,6 +178,7 @@ class GroupBestFirst:
         self.gates: dict[int, bool] = {}
         self.levels: dict[tuple[int, int], bool] = {}
         self.maybe: dict[tuple[int, int], bool] = {}
+        self.floors: dict[tuple[int, int], bool] = {}
         self.sequence = 0
         # The next shape with the same layout and the next recompute in RECOMPUTE_ORDER (shapes() makes the
         # recompute the innermost choice).
@@ -219,8 +220,13 @@ class GroupBestFirst:
             if found is not None and (seconds, rank) > found:
                 break
             if state == _BOUND:
-                for entry in self._estimated(key, gpu.name):
-                    heapq.heappush(heap, entry)
+                if self._gate(key[0]) and self._floor(key[0], key[1]):
+                    for entry in self._estimated(key, gpu.name):
+                        heapq.heappush(heap, entry)
+                elif (follower := self.successor[key[0]]) is not None:
+                    # Below the shape's memory floor (at its largest dp or this one): no plan, but the next
+                    # recompute needs less memory. This bound bounds the follower's step time too (follower_bound).
+                    heapq.heappush(heap, (seconds, rank + 1, self._next(), _BOUND, (follower, *key[1:])))
                 continue
             if state == _ESTIMATE:
                 if self._possible(key, gpu):
@@ -336,12 +342,21 @@ class GroupBestFirst:
                                                                    dps[0]) <= self.group.capacity  # fmt: skip
         return passed
 
+    def _floor(self, index: int, dp: int) -> bool:
+        """Whether the shape's memory floor at ``dp`` (:func:`lower_bound`, valid for every candidate of the
+        shape at that dp) fits the group's largest GPU."""
+        fits = self.floors.get((index, dp))
+        if fits is None:
+            floor = lower_bound(self.group.base, self.shapes[index], dp)
+            fits = self.floors[(index, dp)] = floor <= self.group.capacity
+        return fits
+
     def _possible(self, key: _Key, gpu: GpuType) -> bool:
         """A necessary condition for the candidate to have a plan on ``gpu`` that the full search reaches,
         cheaper than its exact step time: the shape's memory floor, its bound without the allocator reserve
         on ``gpu``, and, at a dp >= 2, such a bound fitting some GPU at every larger dp of the shape."""
         index, dp = key[0], key[1]
-        if not self._gate(index) or not self.group.may_fit(self._candidate(key), gpu, self.headroom):
+        if not self._floor(index, dp) or not self.group.may_fit(self._candidate(key), gpu, self.headroom):
             return False
         return dp < 2 or all(self._level_may_fit(index, larger) for larger in self.dps[index] if larger > dp)
 
