@@ -46,10 +46,12 @@ from frenzy_opt.hardware.gpus import GpuType
 from frenzy_opt.planning.candidates import (
     RECOMPUTE_ORDER,
     Shape,
+    ShapeFloor,
     config_of,
     dp_choices,
+    floor_ep,
     layout_choices,
-    lower_bound,
+    shape_floor,
     shapes,
 )
 from frenzy_opt.planning.group import Candidate, GpuGroup
@@ -164,7 +166,15 @@ class GroupBestFirst:
         self.gpus = {gpu.name: gpu for link_gpus in group.by_link for gpu in link_gpus}
         job = group.base
         self.shapes = list(shapes(job, gpus_per_node, max_gpus))
-        self.dps = [dp_choices(job, shape, max_gpus) for shape in self.shapes]
+        # dp choices depend on the micro-batch, the model-parallel GPUs, pp and vpp only (not the recompute mode).
+        by_kind: dict[tuple[int, int, int, int], list[int]] = {}
+        self.dps = []
+        for shape in self.shapes:
+            kind = (shape.micro_batch_size, shape.model_gpus, shape.pp, shape.vpp)
+            found = by_kind.get(kind)
+            if found is None:
+                found = by_kind[kind] = dp_choices(job, shape, max_gpus)
+            self.dps.append(found)
         self.training = job.training
         # Runtimes that balance their stages by cost spread the output layer (RuntimeProfile).
         self.balanced = profile(job.training.runtime).balanced_pipeline_stages
@@ -175,7 +185,7 @@ class GroupBestFirst:
         self.layouts: dict[tuple[int, int, int, int], list[tuple[int, int]]] = {}
         self.configs: dict[_Key, ParallelConfig] = {}
         self.candidates: dict[_Key, Candidate] = {}
-        self.gates: dict[int, bool] = {}
+        self.floor_parts: dict[tuple[int, int, bool], ShapeFloor] = {}
         self.levels: dict[tuple[int, int], bool] = {}
         self.maybe: dict[tuple[int, int], bool] = {}
         self.floors: dict[tuple[int, int], bool] = {}
@@ -335,20 +345,22 @@ class GroupBestFirst:
         return self.group.resolve(candidate, gpu, self.headroom)
 
     def _gate(self, index: int) -> bool:
-        passed = self.gates.get(index)
-        if passed is None:
-            dps = self.dps[index]
-            passed = self.gates[index] = bool(dps) and lower_bound(self.group.base, self.shapes[index],
-                                                                   dps[0]) <= self.group.capacity  # fmt: skip
-        return passed
+        """Whether the shape's memory floor at its largest dp fits (the full search's test of the shape)."""
+        dps = self.dps[index]
+        return bool(dps) and self._floor(index, dps[0])
 
     def _floor(self, index: int, dp: int) -> bool:
         """Whether the shape's memory floor at ``dp`` (:func:`lower_bound`, valid for every candidate of the
         shape at that dp) fits the group's largest GPU."""
         fits = self.floors.get((index, dp))
         if fits is None:
-            floor = lower_bound(self.group.base, self.shapes[index], dp)
-            fits = self.floors[(index, dp)] = floor <= self.group.capacity
+            job, shape = self.group.base, self.shapes[index]
+            ep = floor_ep(job, dp)
+            fkey = (index, ep, dp > 1)
+            parts = self.floor_parts.get(fkey)
+            if parts is None:
+                parts = self.floor_parts[fkey] = shape_floor(job, shape, ep, multi=dp > 1)
+            fits = self.floors[(index, dp)] = parts.at(job, shape, dp) <= self.group.capacity
         return fits
 
     def _possible(self, key: _Key, gpu: GpuType) -> bool:

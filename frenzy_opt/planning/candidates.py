@@ -32,7 +32,7 @@ from frenzy_opt.core.runtimes import capabilities
 from frenzy_opt.core.spec import ZERO_STAGES_BY_RUNTIME, JobSpec, ParallelConfig
 from frenzy_opt.hardware.gpus import GpuType
 from frenzy_opt.prediction.marp.activations import activation_terms_for
-from frenzy_opt.prediction.marp.layout import fp8_param_gather, state_layout_for
+from frenzy_opt.prediction.marp.layout import StateLayout, fp8_param_gather, state_layout_for
 from frenzy_opt.prediction.marp.phases import param_terms
 from frenzy_opt.prediction.marp.stages import in_flight_layer_microbatches
 from frenzy_opt.prediction.stepeval import FLASH_ARCHITECTURES
@@ -238,11 +238,45 @@ def attention_on(gpu: GpuType, job: JobSpec) -> str:
 
 
 def lower_bound(job: JobSpec, shape: Shape, dp: int) -> float:
-    """Bytes no plan of this shape gets below on its first stage: model states at ``dp`` (the largest valid
-    dp), sharded as far as any ZeRO stage and ep choice allows, plus the activations of the micro-batches in
-    flight at that dp (the fewest), plus the loss when the first stage is also the last."""
+    """Bytes no plan of this shape gets below on its first stage at ``dp`` (at the largest valid dp, below every
+    plan of the shape): model states at ``dp``, sharded as far as any ZeRO stage and ep choice allows, plus the
+    activations of the micro-batches in flight at that dp, plus the loss when the first stage is also the
+    last."""
+    return shape_floor(job, shape, floor_ep(job, dp), multi=dp > 1).at(job, shape, dp)
+
+
+def floor_ep(job: JobSpec, dp: int) -> int:
+    """The ep :func:`lower_bound` takes at ``dp``: the largest that divides the experts and dp."""
+    return max((e for e in divisors(job.model.num_experts) if dp % e == 0), default=1)
+
+
+@dataclass(frozen=True, slots=True)
+class ShapeFloor:
+    """The parts of :func:`lower_bound` that do not depend on dp beyond its ep and whether it is over 1."""
+
+    chunks: tuple[int, ...]
+    layers: int
+    dense: float
+    expert: float
+    layout: StateLayout
+    layer_activations: float
+    loss: float
+    ep: int
+
+    def at(self, job: JobSpec, shape: Shape, dp: int) -> float:
+        microbatches = job.training.num_micro_batches(dp, shape.micro_batch_size)
+        in_flight = in_flight_layer_microbatches(self.chunks, 0, shape.pp, microbatches)
+        shards = dp * shape.cp
+        states = self.dense * sum(self.layout.per_param(shards)) + self.expert * sum(
+            self.layout.per_param(max(shards // self.ep, 1))
+        )
+        return states + in_flight * self.layers * self.layer_activations + self.loss
+
+
+def shape_floor(job: JobSpec, shape: Shape, ep: int, *, multi: bool) -> ShapeFloor:
+    """:class:`ShapeFloor` of a shape at expert parallelism ``ep``, with more than one data-parallel rank
+    (``multi``) or one."""
     arch, training = job.model, job.training
-    ep = max((e for e in divisors(arch.num_experts) if dp % e == 0), default=1)
     p = job.parallel
     split = (p.first_stage_layers, p.last_stage_layers) if shape.pp == p.pp else (None, None)
     chunks = chunk_layer_counts(arch.num_layers, shape.pp, shape.vpp, split_rule(training.runtime), *split)[:: shape.pp]
@@ -250,7 +284,7 @@ def lower_bound(job: JobSpec, shape: Shape, dp: int) -> float:
     terms = param_terms(arch, shape.tp, ep, shape.pp, layers, True, shape.pp == 1)
     zero = max(ZERO_STAGES_BY_RUNTIME[training.runtime])
     layout = state_layout_for(
-        training.runtime, training.precision, training.optimizer, zero, dp > 1, fp8_param_gather(training, zero)
+        training.runtime, training.precision, training.optimizer, zero, multi, fp8_param_gather(training, zero)
     )
     acts = activation_terms_for(
         arch,
@@ -262,10 +296,8 @@ def lower_bound(job: JobSpec, shape: Shape, dp: int) -> float:
         sp=shape.sequence_parallel,
         recompute=shape.recompute,
     )
-    microbatches = training.num_micro_batches(dp, shape.micro_batch_size)
-    in_flight = in_flight_layer_microbatches(chunks, 0, shape.pp, microbatches)
     loss = acts.loss + acts.loss_backward if shape.pp == 1 else 0
     # Flash attention keeps the least of the two kernels, so its activations bound any attention choice.
     dense, expert = terms.params - terms.expert_params, terms.expert_params
-    states = dense * sum(layout.per_param(dp * shape.cp)) + expert * sum(layout.per_param(max(dp * shape.cp // ep, 1)))
-    return states + in_flight * layers * acts.layer + loss
+    return ShapeFloor(chunks=chunks, layers=layers, dense=dense, expert=expert, layout=layout,
+                      layer_activations=acts.layer, loss=loss, ep=ep)  # fmt: skip
