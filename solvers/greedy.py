@@ -16,8 +16,8 @@ now, with which plan and on which GPUs:
   (:class:`~frenzy_opt.solvers.greedy_index.TypePrices`, the speeds the queued jobs' own options show; on one
   type p = 1 / GPUs), so the term is (weight behind) × g·d·p_t. An idle slow type is then as cheap as the work
   it does: priced alike per GPU-second, every job waited for the fast types behind a deep queue while the slow
-  ones idled. *Queued for the type*: the jobs behind in the decision's near window (its first
-  :data:`PRICED_JOBS` in rank order) whose fastest plan is on type t would each wait g·d / G_t longer for it
+  ones idled. *Queued for the type*: the jobs behind in the queue's head (its first :data:`QUEUED_WINDOW`
+  in rank order) whose fastest plan is on type t would each wait g·d / G_t longer for it
   (G_t the type's GPUs), so the term is (their weight) × g·d / G_t. The pooled estimate assumes the jobs behind
   spread over the cluster; when they all want the same fast type (a few jobs at once, every one fastest there)
   it under-prices that type and over-prices the idle ones, and the greedy queued everything for the fast type
@@ -100,10 +100,16 @@ LATE_PENALTY = 100.0
 # by default in the backfill plugin, src/plugins/sched/backfill/backfill.c). The values are a design choice: the
 # smallest of 16/24/32/48/64/96 (the two equal: for a given total, an even split lost least) whose mean and worst
 # loss in sum of weight x JCT against pricing every job both stay under 1 % on 512 jobs queued at once on 2,160
-# GPUs (``benchmarks/results/has_scale.md`` (b), cost and quality per value; 16 and 24 lose under 1 % on the mean
-# but up to 1.6 % and 1.3 % on an instance).
+# GPUs (``benchmarks/results/has_scale.md`` (b), cost and quality per value; when chosen, 16 and 24 lost under 1 % on
+# the mean but up to 1.6 % and 1.3 % on an instance; with the queued-for-type delay of QUEUED_WINDOW, 24 stays under
+# 1 % too, worst 0.91 %, and 32 was kept: +0.16 % +/- 0.42, worst 0.84 %).
 PRICED_JOBS = 32
 BACKFILL_TESTS = 32
+# The jobs at the head of the queue (rank order) whose fastest type counts in the "queued for the type" estimate of
+# the delay a plan imposes (module docstring); past them the pooled estimate alone. A design choice, the jobs a
+# bounded decision prices: over a whole deep queue the estimate priced every fast type as if all its jobs would
+# wait for it, and the greedy lost 10 % of sum of weight x JCT on 512 jobs at once (2,160 GPUs, 4 seeds).
+QUEUED_WINDOW = 32
 # Impatient, a decision plans the wait (estimated start, reservation) of at most this many jobs that cannot
 # start now; the others wait unplanned until the next decision (a bound on its cost with a long queue).
 IMPATIENT_WAITS = 8
@@ -147,7 +153,7 @@ class _Round:
     now: float
     free_total: int  # free GPUs of every type
     behind: float  # the weight queued behind the job being decided (module docstring: its GPU-seconds' price)
-    # Per GPU type, the weight of the jobs behind in the decision's near window whose fastest plan is on that type
+    # Per GPU type, the weight of the jobs behind in the queue's head (QUEUED_WINDOW) whose fastest plan is on that type
     # (module docstring: the second estimate of the delay a plan imposes); empty past the window.
     behind_fastest: dict[str, float] = field(default_factory=dict)
     reserved: dict[str, Reservation] = field(default_factory=dict)
@@ -428,8 +434,7 @@ class GreedyState:
             return started  # nothing can start (the loop below would stop at its first job)
         ranked = self._ranked()
         round_ = _Round(now=now, free_total=free_total, behind=ranked.weight)
-        window = ranked.jobs if self.priced_jobs is None else ranked.jobs[: self.priced_jobs]
-        near = self._behind_fastest(window, round_)
+        near = self._behind_fastest(ranked.jobs[:QUEUED_WINDOW], round_)
         priced: list[ProblemJob] = []
         for job in self._order(now):
             if round_.free_total == 0:
@@ -449,7 +454,7 @@ class GreedyState:
         return self._sorted[job.id][0][2]
 
     def _behind_fastest(self, window: list[ProblemJob], round_: _Round) -> set[str]:
-        """Fill ``round_.behind_fastest`` from the jobs of the decision's near window; their ids."""
+        """Fill ``round_.behind_fastest`` from the jobs of the queue's head; their ids."""
         sums = round_.behind_fastest
         for job in window:
             gpu_type = self._fastest_type(job)
@@ -478,7 +483,7 @@ class GreedyState:
         to its place among those jobs. None plans a reservation."""
         ranked = self._ordered
         round_.backfill = True
-        round_.behind_fastest = {}  # past the near window: the pooled estimate alone
+        round_.behind_fastest = {}  # past the queue's head: the pooled estimate alone
         skipped = dict(ranked.planned_work)
         for job in priced:
             gpu_type, work = ranked.planned.get(job.id, ("", 0.0))
@@ -526,7 +531,7 @@ class GreedyState:
                 behind=sum(job.weight for job in planned),
                 plans=False,
             )
-            near = self._behind_fastest(planned if self.priced_jobs is None else planned[: self.priced_jobs], round_)
+            near = self._behind_fastest(planned[:QUEUED_WINDOW], round_)
             for job in planned:
                 round_.behind -= job.weight
                 if job.id in near:
