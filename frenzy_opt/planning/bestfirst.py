@@ -186,6 +186,7 @@ class GroupBestFirst:
         self.configs: dict[_Key, ParallelConfig] = {}
         self.candidates: dict[_Key, Candidate] = {}
         self.floor_parts: dict[tuple[int, int, bool], ShapeFloor] = {}
+        self.gates: list[bool | None] = [None] * len(self.shapes)
         self.levels: dict[tuple[int, int], bool] = {}
         self.maybe: dict[tuple[int, int], bool] = {}
         self.floors: dict[tuple[int, int], bool] = {}
@@ -346,8 +347,11 @@ class GroupBestFirst:
 
     def _gate(self, index: int) -> bool:
         """Whether the shape's memory floor at its largest dp fits (the full search's test of the shape)."""
-        dps = self.dps[index]
-        return bool(dps) and self._floor(index, dps[0])
+        passed = self.gates[index]
+        if passed is None:
+            dps = self.dps[index]
+            passed = self.gates[index] = bool(dps) and self._floor(index, dps[0])
+        return passed
 
     def _floor(self, index: int, dp: int) -> bool:
         """Whether the shape's memory floor at ``dp`` (:func:`lower_bound`, valid for every candidate of the
