@@ -443,9 +443,7 @@ class GreedyState:
                 self._backfill(priced, round_, admit, started)
                 return started
             priced.append(job)
-            round_.behind -= job.weight
-            if job.id in near:
-                round_.behind_fastest[self._fastest_type(job)] -= job.weight
+            self._passed(job, near, round_)
             self._decide_one(job, round_, admit, started)
         return started
 
@@ -460,6 +458,13 @@ class GreedyState:
             gpu_type = self._fastest_type(job)
             sums[gpu_type] = sums.get(gpu_type, 0.0) + job.weight
         return {job.id for job in window}
+
+    def _passed(self, job: ProblemJob, near: set[str], round_: _Round) -> None:
+        """Take ``job`` out of the weight behind (it is being decided): the whole queue's, and its fastest type's
+        if it is among the queue's head (``near``, :meth:`_behind_fastest`)."""
+        round_.behind -= job.weight
+        if job.id in near:
+            round_.behind_fastest[self._fastest_type(job)] -= job.weight
 
     def _decide_one(self, job: ProblemJob, round_: _Round, admit: Admission | None, started: list[Assignment]) -> None:
         """Price the job's options and start it or let it wait (recorded in :attr:`waiting`)."""
@@ -533,9 +538,7 @@ class GreedyState:
             )
             near = self._behind_fastest(planned[:QUEUED_WINDOW], round_)
             for job in planned:
-                round_.behind -= job.weight
-                if job.id in near:
-                    round_.behind_fastest[self._fastest_type(job)] -= job.weight
+                self._passed(job, near, round_)
                 choice = self._choose(job, round_, admit)
                 if choice is _NoChoice.REFUSED:
                     self.waiting[job.id] = (None, float("inf"))

@@ -29,6 +29,14 @@ def cluster_of(*groups: tuple[str, int, int], name: str = "test") -> ClusterSpec
     )
 
 
+def first_per_count(plans: list[Plan]) -> dict[tuple[str, int], Plan]:
+    """The first plan of each (GPU type, GPU count) in ``plans`` (ranked: the full search's choice there)."""
+    best: dict[tuple[str, int], Plan] = {}
+    for plan in plans:
+        best.setdefault((plan.gpu_type, plan.num_gpus), plan)
+    return best
+
+
 def synthetic_plan(gpu_type: str, num_gpus: int, step_s: float | None = None) -> Plan:
     """A dp plan on ``num_gpus`` x ``gpu_type`` using half of each GPU's memory; ``step_s`` its step time and
     (one step) estimated run time."""

@@ -9,7 +9,7 @@ import itertools
 from dataclasses import replace
 
 import pytest
-from factories import cluster_of
+from factories import cluster_of, first_per_count
 
 from frenzy_opt.core.spec import JobSpec, parse_job
 from frenzy_opt.hardware.cluster import ClusterSpec
@@ -17,7 +17,7 @@ from frenzy_opt.planning.bestfirst import ROUNDING, GroupBestFirst, follower_bou
 from frenzy_opt.planning.candidates import RECOMPUTE_ORDER, config_of, dp_choices, layout_choices, shapes
 from frenzy_opt.planning.fastest import fastest_plans
 from frenzy_opt.planning.group import GpuGroup, gpu_groups
-from frenzy_opt.planning.plans import DEFAULT_STEP_MODEL, Plan, enumerate_plans
+from frenzy_opt.planning.plans import DEFAULT_STEP_MODEL, enumerate_plans
 from frenzy_opt.prediction.marp.cuda import DEFAULT_CUDA
 from frenzy_opt.prediction.marp.fit import SHIPPED_FIT
 from frenzy_opt.prediction.stepeval import StepTime
@@ -96,16 +96,9 @@ def test_a_layouts_step_time_bounds_its_next_recompute_from_below(name: str) -> 
     assert chains > 100
 
 
-def _first_per_count(plans: list[Plan]) -> dict[tuple[str, int], Plan]:
-    best: dict[tuple[str, int], Plan] = {}
-    for plan in plans:
-        best.setdefault((plan.gpu_type, plan.num_gpus), plan)
-    return best
-
-
 @pytest.mark.parametrize("name", ["megatron", "moe", "fp8-cp"])
 def test_the_best_first_search_answers_as_the_full_search_across_nodes(name: str) -> None:
     job = replace(JOBS[name], training=replace(JOBS[name].training, train_steps=1))
-    full = _first_per_count(enumerate_plans(job, NODES).plans)
+    full = first_per_count(enumerate_plans(job, NODES).plans)
     fast = {(p.gpu_type, p.num_gpus): p for p in fastest_plans(job, NODES)}
     assert fast == full

@@ -6,7 +6,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
-from factories import cluster_of
+from factories import cluster_of, first_per_count
 
 from frenzy_opt.core.spec import JobSpec, parse_job
 from frenzy_opt.hardware.cluster import ClusterSpec
@@ -41,13 +41,6 @@ CASES = {
 }
 
 
-def _first_per_count(plans: list[Plan]) -> dict[tuple[str, int], Plan]:
-    best: dict[tuple[str, int], Plan] = {}
-    for plan in plans:
-        best.setdefault((plan.gpu_type, plan.num_gpus), plan)
-    return best
-
-
 def _worker_filter(job: JobSpec) -> Callable[[Plan], bool]:
     return lambda plan: plan_supported(plan, job.model)
 
@@ -57,7 +50,7 @@ def _worker_filter(job: JobSpec) -> Callable[[Plan], bool]:
 def test_same_plan_per_count_as_the_full_search(name: str, filtered: bool) -> None:
     job, cluster = CASES[name]
     plan_filter = _worker_filter(job) if filtered else None
-    full = _first_per_count(enumerate_plans(job, cluster, plan_filter=plan_filter).plans)
+    full = first_per_count(enumerate_plans(job, cluster, plan_filter=plan_filter).plans)
     fast = {(p.gpu_type, p.num_gpus): p for p in fastest_plans(job, cluster, plan_filter=plan_filter)}
     assert fast == full
     if name != "moe" or not filtered:  # the worker runs no MoE model
@@ -79,7 +72,7 @@ def test_a_pinned_layout_gets_its_one_plan() -> None:
               "recompute": "none", "attention": "flash"}  # fmt: skip
     job = _job("gpt3-350m", pinned, pin_micro_batch=True, micro_batch_size=2)
     cluster = CASES["dense-megatron"][1]
-    assert fastest_plans(job, cluster) == list(_first_per_count(enumerate_plans(job, cluster).plans).values())
+    assert fastest_plans(job, cluster) == list(first_per_count(enumerate_plans(job, cluster).plans).values())
 
 
 def test_search_options_takes_the_full_searchs_options() -> None:

@@ -11,11 +11,14 @@ first whose plan fits (and that the full search reaches) wins, with the same tie
   collectives, all independent of dp) assembled with the fields that depend on dp and the pipeline depth
   (:func:`frenzy_opt.prediction.stepeval.assemble`). The layer and collective parts are proportional to the
   stage's layers (every GEMM count, FLOP and byte volume of them is, :mod:`frenzy_opt.prediction.stepterms`),
-  so one evaluation per *family* (tp, cp, micro-batch, recompute, sequence parallelism, ep, ZeRO stage, vpp,
-  and whether pp > 1) and GPU prices the family at every pp and dp: the data-parallel bytes, the optimizer's
-  bytes and the stage's layers scale by ``pp_ref / pp``, the optimizer's by ``dp_ref / dp`` when its states are
-  sharded, and the rest is arithmetic on dp. The estimate equals the step time up to rounding
-  (``tests/test_bestfirst.py`` checks 1e-9 on every candidate of several jobs); a heap key is the estimate less
+  so the micro-batch parts are priced once per (tp, cp, micro-batch, recompute, sequence parallelism, ep) and
+  GPU (:func:`parts_key`) and scaled to any pp, and the dp- and depth-dependent fields come from one reference
+  terms per *family* (:func:`family_key`: the same without recompute, with the ZeRO stage, vpp and whether
+  pp > 1): the data-parallel bytes, the optimizer's bytes and the stage's layers scale by ``pp_ref / pp``, the
+  optimizer's by ``dp_ref / dp`` when its states are sharded, and the rest is arithmetic on dp. Every candidate
+  first enters its heap at a cheaper lower bound from the parts alone (its micro-batches, bubble and fixed
+  costs) and is estimated only when that comes first. The estimate equals the step time up to rounding
+  (``tests/test_bestfirst.py`` checks 1e-10 on every candidate of several jobs); a heap key is the estimate less
   :data:`ROUNDING`, so it never exceeds the step time, and an entry popped on its estimate is priced exactly
   (:func:`frenzy_opt.prediction.stepterms.cached_step_terms`, what the full search prices) and pushed back.
 * **More recompute on demand.** More recompute only lengthens a micro-batch's layers (more FLOPs, layer
@@ -23,10 +26,13 @@ first whose plan fits (and that the full search reaches) wins, with the same tie
   one's compute, bubble, optimizer, sends and fixed costs (:func:`follower_bound`; not its collectives or
   data-parallel traffic: the model hides more of those behind longer layers, and a step with recompute can
   come out faster). It enters the heap at that bound, and is estimated only when the bound comes first.
-* **Memory on demand.** A popped candidate's plan is judged as the full search judges it
-  (:meth:`frenzy_opt.planning.group.GpuGroup.resolve`), after the shape's memory floor
-  (:func:`frenzy_opt.planning.candidates.lower_bound`) and the dp scan's reach (a dp >= 2 counts only when every
-  larger dp of its shape had a plan on some GPU of the group), both worked out once per shape and level.
+* **Memory on demand.** A candidate is estimated only when its shape's memory floor
+  (:func:`frenzy_opt.planning.candidates.lower_bound`) fits at the shape's largest dp (the full search's test
+  of the shape) and at its own dp; priced exactly only when its bound without the allocator reserve fits and,
+  at a dp >= 2, such a bound fits some GPU at every larger dp of its shape; and its plan is judged as the full
+  search judges it (:meth:`frenzy_opt.planning.group.GpuGroup.resolve`) when it comes first, after the dp
+  scan's reach (a dp >= 2 counts only when every larger dp of its shape had a plan on some GPU of the group),
+  each worked out once per shape and level.
 
 Measured layer profiles (``StepTimeModel.profiles``) replace the layers' time by measured times that need not
 scale with the layer count, and a plan filter sends refused layouts to stand-ins: the screening search serves
@@ -103,7 +109,7 @@ def parts_key(shape: Shape, ep: int) -> tuple[object, ...]:
     return (shape.tp, shape.cp, shape.micro_batch_size, shape.recompute, shape.sequence_parallel, ep)
 
 
-def _scaled(parts: MicrobatchTime, ratio: float) -> MicrobatchTime:
+def _rescaled(parts: MicrobatchTime, ratio: float) -> MicrobatchTime:
     return MicrobatchTime(
         layers_s=parts.layers_s * ratio,
         output_s=parts.output_s,
@@ -283,7 +289,7 @@ class GroupBestFirst:
         scaled = self.scaled.get(skey)
         if scaled is None:
             parts, pp = self._parts(key, name)
-            scaled = self.scaled[skey] = _scaled(parts, pp / shape.pp)
+            scaled = self.scaled[skey] = _rescaled(parts, pp / shape.pp)
         return scaled
 
     def _bounded(self, key: _Key, name: str) -> _Entry:
@@ -336,10 +342,9 @@ class GroupBestFirst:
         return candidate
 
     def _plan(self, key: _Key, gpu: GpuType, seconds: float) -> Plan | None:
-        """The candidate's plan on ``gpu`` if the full search has it: the shape passes its memory floor, the
-        dp scan reaches its level, and its bound fits."""
-        index, dp = key[0], key[1]
-        if not self._gate(index) or not self._reached(index, dp):
+        """The candidate's plan on ``gpu`` if the full search has it (its shape passed its memory floor before
+        it was estimated): the dp scan reaches its level and its bound fits."""
+        if not self._reached(key[0], key[1]):
             return None
         candidate = self._candidate(key)
         candidate.seconds.setdefault(gpu.name, seconds)
@@ -368,11 +373,11 @@ class GroupBestFirst:
         return fits
 
     def _possible(self, key: _Key, gpu: GpuType) -> bool:
-        """A necessary condition for the candidate to have a plan on ``gpu`` that the full search reaches,
-        cheaper than its exact step time: the shape's memory floor, its bound without the allocator reserve
-        on ``gpu``, and, at a dp >= 2, such a bound fitting some GPU at every larger dp of the shape."""
+        """A necessary condition for the candidate (its shape's floors passed) to have a plan on ``gpu`` that the
+        full search reaches, cheaper than its exact step time: its bound without the allocator reserve on
+        ``gpu``, and, at a dp >= 2, such a bound fitting some GPU at every larger dp of the shape."""
         index, dp = key[0], key[1]
-        if not self._floor(index, dp) or not self.group.may_fit(self._candidate(key), gpu, self.headroom):
+        if not self.group.may_fit(self._candidate(key), gpu, self.headroom):
             return False
         return dp < 2 or all(self._level_may_fit(index, larger) for larger in self.dps[index] if larger > dp)
 

@@ -4,8 +4,10 @@ A scheduler needs, per GPU type and count, one plan: the one :func:`frenzy_opt.p
 ranks first among its plans of that type and count (:func:`frenzy_opt.planning.problem.best_per_count`). Most
 of a full search's time goes into proving that plans fit: MARP's bound adds the caching allocator's reserve,
 which a replay of the allocator gives (:func:`frenzy_opt.planning.group.reserve_ratio`), for every candidate
-whose bound without it fits. :func:`fastest_plans` walks the same candidates in the same order but in two
-passes:
+whose bound without it fits. :func:`fastest_plans` hands each GPU group to the best-first search of
+:mod:`frenzy_opt.planning.bestfirst`, which builds the memory model of only the candidates that come first in
+step-time order. With a plan filter or measured layer profiles (which that search does not serve) it walks the
+same candidates in the same order as the full search, in two passes:
 
 1. **Screen** every candidate: its allocated peak and its bound without the reserve on each GPU of its group
    (a candidate refused without the reserve is refused with it), and its step time on each GPU where that
