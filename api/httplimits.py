@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -154,17 +155,19 @@ def head_bytes(method: bytes, target: bytes, headers: Sequence[tuple[bytes, byte
 class _Guard:
     """One connection's limits state: the head's deadline, whether it was refused, the lingering close."""
 
-    __slots__ = ("_linger", "_loop", "_on_expiry", "_timeout_s", "deadline", "refused")
+    __slots__ = ("_due", "_linger", "_loop", "_on_expiry", "_timeout_s", "deadline", "refused")
 
     def __init__(self, loop: asyncio.AbstractEventLoop, timeout_s: float, on_expiry: Callable[[], None]) -> None:
         self._loop, self._timeout_s, self._on_expiry = loop, timeout_s, on_expiry
         self.deadline: asyncio.TimerHandle | None = None
+        self._due = 0.0
         self._linger: asyncio.TimerHandle | None = None
         self.refused = False
 
     def start(self) -> None:
         """Start the head's deadline unless it runs already."""
         if self.deadline is None:
+            self._due = time.monotonic() + self._timeout_s
             self.deadline = self._loop.call_later(self._timeout_s, self._expire)
 
     def stop(self) -> None:
@@ -173,6 +176,13 @@ class _Guard:
             self.deadline = None
 
     def _expire(self) -> None:
+        # uvloop's timers count from libuv's loop time, cached at the start of the loop's iteration
+        # (libuv docs, uv_now), and in whole milliseconds, so a timer can fire up to about a millisecond before
+        # ``timeout_s`` has passed since ``start``: re-arm for what is left, so the head is never cut early.
+        left = self._due - time.monotonic()
+        if left > 0:
+            self.deadline = self._loop.call_later(left, self._expire)
+            return
         self.deadline = None
         self._on_expiry()
 
