@@ -140,8 +140,10 @@ def review(
             )
         )
     held: list[tuple[str, int, int]] = []  # idle GPUs promised to the grants, until the caller re-decides
-    for grant in divide(candidates, free, grow_gain=GROW_GAIN, margin=MOVE_MARGIN):
+    grants = divide(candidates, free, grow_gain=GROW_GAIN, margin=MOVE_MARGIN)
+    for grant in grants:  # every granted job first: a grant may take GPUs another granted job leaves
         state.release(grant.job)
+    for grant in grants:
         for node in grant.nodes:
             state.free[grant.option.gpu_type].change(node, -grant.option.gpus_per_node)
             held.append((grant.option.gpu_type, node, grant.option.gpus_per_node))

@@ -8,9 +8,12 @@ job's weighted seconds saved over the step, divided by the idle GPUs the step ad
 share as a discrete water-filling: Boyd & Vandenberghe 2004, §5.5.3; the marginal-goodput-per-GPU rule of
 Pollux's allocation, Qiao et al. 2021 §4.2). A job's first step must pay for its move: it saves more than
 ``grow_gain`` of the job's remaining time and more than ``margin`` restarts. Steps continue until none has
-a positive gain that fits the idle GPUs. The final target of each job is then placed, largest total gain
-first, on the free-GPU index (a job's own GPUs count as free on its own type); one whose plan does not fit
-on whole nodes stays where it is.
+a positive gain that can be placed. Each step is placed as it is taken, on the free-GPU index as the
+steps so far left it: a job's own GPUs (where it runs, or those of its previous step) count as free for its
+own step, and a job that leaves a type gives its GPUs back for the other jobs' later steps. (Placing only
+the final targets, after a division by GPU counts alone, failed where the counts fit and the nodes did not:
+in Sia's philly workload 1 three jobs sat on 4 of 8 A100s each for hours beside 4 idle ones, because the
+division kept offering the idle 4 to a job whose node was full.)
 
 This is the part of a whole-cluster re-division that a move can pay for: a job moves once per division
 (its restart paid once), and a job moved recently is not offered (the caller's hysteresis).
@@ -58,89 +61,89 @@ class Grant:
     """Weighted seconds it saves."""
 
 
-def _need(candidate: Candidate, option: Option | None) -> tuple[str, int]:
-    """Idle GPUs of which type ``option`` takes beyond what the job holds (``None``: where it runs)."""
-    if option is None:
-        return candidate.gpu_type, 0
-    own = candidate.num_gpus if option.gpu_type == candidate.gpu_type else 0
-    return option.gpu_type, max(option.num_gpus - own, 0)
+@dataclass(slots=True)
+class _Held:
+    """GPUs a job holds during the division: where it runs, then the nodes of the step it was given."""
+
+    gpu_type: str
+    nodes: tuple[int, ...]
+    per_node: int
+
+    @property
+    def num_gpus(self) -> int:
+        return self.per_node * len(self.nodes)
+
+
+def _change(free: dict[str, FreeIndex], held: _Held, sign: int, log: list[tuple[str, int, int]]) -> None:
+    """Give back (``sign`` 1) or take (-1) ``held``'s GPUs on the index of its type, if the division has it."""
+    index = free.get(held.gpu_type)
+    if index is None:
+        return
+    for node in held.nodes:
+        index.change(node, sign * held.per_node)
+        log.append((held.gpu_type, node, sign * held.per_node))
 
 
 def divide(candidates: list[Candidate], free: dict[str, FreeIndex], *, grow_gain: float, margin: float) -> list[Grant]:
     """The moves of one division of the idle GPUs in ``free`` among ``candidates`` (module docstring).
-    ``free`` is left as it was; the caller applies the grants (releasing each job and taking its nodes)."""
-    idle = {gpu_type: index.count for gpu_type, index in free.items()}
+    ``free`` is left as it was; the caller applies the grants (releasing every granted job first, then taking
+    each grant's nodes: a grant may use GPUs another grant's job leaves)."""
     limits: dict[str, float] = {}
     ladders: dict[str, list[Option]] = {}
     for c in candidates:
         limit = min(c.left_s * (1.0 - grow_gain), c.left_s - margin * c.restart_s)
-        ladder = sorted((o for o in c.options if o.duration_s < limit and o.gpu_type in idle), key=_shortest)
+        ladder = sorted((o for o in c.options if o.duration_s < limit and o.gpu_type in free), key=_shortest)
         if ladder:
             limits[c.job], ladders[c.job] = limit, ladder
-    target: dict[str, Option | None] = {c.job: None for c in candidates if c.job in ladders}
     by_job = {c.job: c for c in candidates}
+    holds = {job: _Held(by_job[job].gpu_type, by_job[job].nodes, by_job[job].per_node) for job in ladders}
+    target: dict[str, Option] = {}
+    log: list[tuple[str, int, int]] = []  # every change made to the indexes, undone before returning
     while True:
-        best: tuple[float, float, str, Option] | None = None
-        for job, now_at in target.items():
-            c = by_job[job]
-            duration = c.left_s if now_at is None else now_at.duration_s
-            held_type, held = _need(c, now_at)
-            for option in ladders[job]:
+        best: tuple[float, float, str, Option, tuple[int, ...]] | None = None
+        for job, ladder in ladders.items():
+            c, held = by_job[job], holds[job]
+            duration = target[job].duration_s if job in target else c.left_s
+            for option in ladder:
                 if option.duration_s >= duration:
                     break  # the ladder is sorted shortest first: nothing further is faster
-                gpu_type, need = _need(c, option)
-                extra = need - (held if gpu_type == held_type else 0)
-                if extra > idle[gpu_type]:
-                    continue
+                own = held.gpu_type == option.gpu_type
+                extra = option.num_gpus - (held.num_gpus if own else 0)
                 gain = c.weight * (duration - option.duration_s)
                 ratio = gain / extra if extra > 0 else math.inf
-                key = (ratio, gain, job, option)
-                if best is None or (ratio, gain) > (best[0], best[1]):
-                    best = key
+                if best is not None and (ratio, gain) <= (best[0], best[1]):
+                    continue
+                # Placed as it would be now: on idle GPUs, its own (where it runs or was given) counted idle.
+                index = free[option.gpu_type]
+                if own:
+                    _change(free, held, 1, [])
+                nodes = index.fit(option)
+                if own:
+                    _change(free, held, -1, [])
+                if nodes is not None:
+                    best = (ratio, gain, job, option, nodes)
         if best is None:
             break
-        _, _, job, option = best
-        c = by_job[job]
-        if target[job] is not None:  # the step replaces its previous one: those GPUs are idle again
-            held_type, held = _need(c, target[job])
-            idle[held_type] += held
-        gpu_type, need = _need(c, option)
-        idle[gpu_type] -= need
+        _, _, job, option, nodes = best
+        _change(free, holds[job], 1, log)  # what it held is idle again, for any job's later step
+        holds[job] = _Held(option.gpu_type, nodes, option.gpus_per_node)
+        _change(free, holds[job], -1, log)
         target[job] = option
-    return _place([(by_job[job], option) for job, option in target.items() if option is not None], free, limits)
+    for gpu_type, node, delta in reversed(log):
+        free[gpu_type].change(node, -delta)
+    grants = [
+        Grant(
+            job=job,
+            option=option,
+            nodes=holds[job].nodes,
+            limit_s=limits[job],
+            gain=by_job[job].weight * (by_job[job].left_s - option.duration_s),
+        )
+        for job, option in target.items()
+    ]
+    grants.sort(key=lambda g: (-g.gain, g.job))
+    return grants
 
 
 def _shortest(option: Option) -> tuple[float, int]:
     return option.duration_s, option.num_gpus
-
-
-def _place(moves: list[tuple[Candidate, Option]], free: dict[str, FreeIndex], limits: dict[str, float]) -> list[Grant]:
-    """Place each move on the index, largest gain first; a move that does not fit stays out. The index is
-    restored before returning."""
-    moves.sort(key=lambda m: (-m[0].weight * (m[0].left_s - m[1].duration_s), m[0].job))
-    taken: list[tuple[str, int, int]] = []
-    grants: list[Grant] = []
-    for c, option in moves:
-        index = free[option.gpu_type]
-        own = option.gpu_type == c.gpu_type
-        if own:
-            for node in c.nodes:
-                index.change(node, c.per_node)
-        nodes = index.fit(option)
-        if own:
-            for node in c.nodes:
-                index.change(node, -c.per_node)
-        if nodes is None:
-            continue
-        if own:  # its own GPUs are released to the move: only the rest is taken from the idle ones
-            for node in c.nodes:
-                index.change(node, c.per_node)
-                taken.append((c.gpu_type, node, -c.per_node))
-        for node in nodes:
-            index.change(node, -option.gpus_per_node)
-            taken.append((option.gpu_type, node, option.gpus_per_node))
-        gain = c.weight * (c.left_s - option.duration_s)
-        grants.append(Grant(job=c.job, option=option, nodes=nodes, limit_s=limits[c.job], gain=gain))
-    for gpu_type, node, count in reversed(taken):
-        free[gpu_type].change(node, count)
-    return grants

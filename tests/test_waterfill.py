@@ -92,6 +92,39 @@ def test_diminishing_returns_split_the_idle_gpus() -> None:
     assert sorted((g.job, g.option.num_gpus, g.gain) for g in grants) == [("a", 4, 4_000.0), ("b", 4, 4_000.0)]
 
 
+def test_a_step_goes_to_the_job_whose_nodes_can_take_it() -> None:
+    # Two 8-GPU nodes: "a" and "b" fill node 0 with 4 GPUs each, "c" holds 4 of node 1 beside 4 idle ones.
+    # Each would halve its time on 8 GPUs (whole node); "a" has the most left, so a division by GPU counts
+    # alone gave the idle 4 to "a", whose node is full, and nobody moved (Sia's philly workload 1, for hours).
+    index = FreeIndex({0: 8, 1: 8})
+    index.change(0, -8)
+    index.change(1, -4)
+    eight = (_option(8, 5_000.0),)
+    jobs = [
+        Candidate(job, 1.0, GPU, (node,), 4, left, 10.0, eight)
+        for job, node, left in (("a", 0, 10_400.0), ("b", 0, 10_200.0), ("c", 1, 10_000.0))
+    ]
+    (grant,) = divide(jobs, {GPU: index}, grow_gain=0.1, margin=1.5)
+    assert grant.job == "c" and grant.nodes == (1,) and grant.option.num_gpus == 8
+
+
+def test_a_job_that_leaves_a_type_gives_its_gpus_to_the_next_step() -> None:
+    # "slow" holds all of node 0 of the A100s and is faster on the 8 idle GPUs of another type; once it
+    # leaves, "wide" (4 GPUs of node 1) takes node 0 whole, a step no GPU was idle for before.
+    other = "H100-SXM5-80GB"
+    a100, h100 = FreeIndex({0: 8, 1: 8}), FreeIndex({0: 8})
+    a100.change(0, -8)
+    a100.change(1, -8)  # node 1: "wide" on 4, 4 taken by a job the division may not move
+    slow = Candidate("slow", 1.0, GPU, (0,), 8, 20_000.0, 10.0, (_option(8, 6_000.0, other),))
+    wide = Candidate("wide", 1.0, GPU, (1,), 4, 10_000.0, 10.0, (_option(8, 5_000.0),))
+    before = (dict(a100.free), dict(h100.free))
+    grants = divide([slow, wide], {GPU: a100, other: h100}, grow_gain=0.1, margin=1.5)
+    assert (dict(a100.free), dict(h100.free)) == before
+    by_job = {g.job: g for g in grants}
+    assert by_job["slow"].option.gpu_type == other and by_job["slow"].nodes == (0,)
+    assert by_job["wide"].option.num_gpus == 8 and by_job["wide"].nodes == (0,)
+
+
 @settings(max_examples=60, deadline=None)
 @given(
     free=st.lists(st.integers(0, 6), min_size=2, max_size=4),
