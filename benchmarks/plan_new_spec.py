@@ -174,7 +174,7 @@ def render(
     ]
     for fast, full in rows:
         first = fast["first_ms"]
-        met = "yes" if first < TARGET_MS else f"**no** ({first / TARGET_MS:.0f}x the target)"
+        met = "yes" if first < TARGET_MS else f"**no** ({first / TARGET_MS:.1f}x the target)"
         lines.append(
             f"| {fast['model']} seq {fast['seq']} batch {fast['global_batch']} | {fast['found']:,} | {first:.0f} | "
             f"{statistics.median(fast['repeat_ms']):.0f} | {full['found']:,} | {full['first_ms']:.0f} | "

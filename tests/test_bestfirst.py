@@ -14,7 +14,15 @@ from factories import cluster_of, first_per_count
 from frenzy_opt.core.spec import JobSpec, parse_job
 from frenzy_opt.hardware.cluster import ClusterSpec
 from frenzy_opt.planning.bestfirst import ROUNDING, GroupBestFirst, follower_bound
-from frenzy_opt.planning.candidates import RECOMPUTE_ORDER, config_of, dp_choices, layout_choices, shapes
+from frenzy_opt.planning.candidates import (
+    RECOMPUTE_ORDER,
+    ShapeFloors,
+    config_of,
+    dp_choices,
+    layout_choices,
+    lower_bound,
+    shapes,
+)
 from frenzy_opt.planning.fastest import fastest_plans
 from frenzy_opt.planning.group import GpuGroup, gpu_groups
 from frenzy_opt.planning.plans import DEFAULT_STEP_MODEL, enumerate_plans
@@ -102,3 +110,22 @@ def test_the_best_first_search_answers_as_the_full_search_across_nodes(name: str
     full = first_per_count(enumerate_plans(job, NODES).plans)
     fast = {(p.gpu_type, p.num_gpus): p for p in fastest_plans(job, NODES)}
     assert fast == full
+
+
+@pytest.mark.parametrize("name", ["megatron", "moe"])
+def test_shape_floors_shared_across_groups_are_each_groups_own(name: str) -> None:
+    """One :class:`ShapeFloors` serves every group of a training config (fastest_plans shares it): the V100's
+    group runs eager attention and the others flash, and each group's floors are still its own lower_bound."""
+    job = JOBS[name]
+    groups = _groups(job, NODES)
+    assert len({group.base.parallel.attention for group, _, _ in groups}) > 1
+    shared = ShapeFloors(groups[0][0].base)
+    checked = 0
+    for group, per_node, max_gpus in groups:
+        assert group.base.training == shared.job.training
+        for shape in shapes(group.base, per_node, max_gpus):
+            values = shared.of(shape)
+            for dp in dp_choices(group.base, shape, max_gpus):
+                assert shared.at(shape, values, dp) == lower_bound(group.base, shape, dp)
+                checked += 1
+    assert checked > 200

@@ -26,13 +26,16 @@ first whose plan fits (and that the full search reaches) wins, with the same tie
   one's compute, bubble, optimizer, sends and fixed costs (:func:`follower_bound`; not its collectives or
   data-parallel traffic: the model hides more of those behind longer layers, and a step with recompute can
   come out faster). It enters the heap at that bound, and is estimated only when the bound comes first.
-* **Memory on demand.** A candidate is estimated only when its shape's memory floor
+* **Memory floors first, the rest on demand.** A candidate enters its heap only when its shape's memory floor
   (:func:`frenzy_opt.planning.candidates.lower_bound`) fits at the shape's largest dp (the full search's test
-  of the shape) and at its own dp; priced exactly only when its bound without the allocator reserve fits and,
-  at a dp >= 2, such a bound fits some GPU at every larger dp of its shape; and its plan is judged as the full
-  search judges it (:meth:`frenzy_opt.planning.group.GpuGroup.resolve`) when it comes first, after the dp
-  scan's reach (a dp >= 2 counts only when every larger dp of its shape had a plan on some GPU of the group),
-  each worked out once per shape and level.
+  of the shape) and at its own dp; one that does not is replaced by the same layout with the next recompute
+  that does (nearly every candidate comes first in some heap, so the floors are worked out as the heaps are
+  built, once per shape and dp for all the groups of a training config,
+  :class:`frenzy_opt.planning.candidates.ShapeFloors`). It is priced exactly only when its bound without the
+  allocator reserve fits and, at a dp >= 2, such a bound fits some GPU at every larger dp of its shape; and its
+  plan is judged as the full search judges it (:meth:`frenzy_opt.planning.group.GpuGroup.resolve`) when it
+  comes first, after the dp scan's reach (a dp >= 2 counts only when every larger dp of its shape had a plan on
+  some GPU of the group), each worked out once per shape and level.
 
 Measured layer profiles (``StepTimeModel.profiles``) replace the layers' time by measured times that need not
 scale with the layer count, and a plan filter sends refused layouts to stand-ins: the screening search serves
@@ -52,12 +55,10 @@ from frenzy_opt.hardware.gpus import GpuType
 from frenzy_opt.planning.candidates import (
     RECOMPUTE_ORDER,
     Shape,
-    ShapeFloor,
+    ShapeFloors,
     config_of,
     dp_choices,
-    floor_ep,
     layout_choices,
-    shape_floor,
     shapes,
 )
 from frenzy_opt.planning.group import Candidate, GpuGroup
@@ -162,12 +163,23 @@ def follower_bound(step: StepTime) -> float:
 
 
 class GroupBestFirst:
-    """The best-first search (module docstring) over one GPU group."""
+    """The best-first search (module docstring) over one GPU group; ``floors`` may be shared with the searches
+    of other groups of the same training config (:class:`ShapeFloors`)."""
 
     def __init__(
-        self, group: GpuGroup, headroom: float, gpus_per_node: int, max_gpus: int, admit: Admit | None
+        self,
+        group: GpuGroup,
+        headroom: float,
+        gpus_per_node: int,
+        max_gpus: int,
+        admit: Admit | None,
+        floors: ShapeFloors | None = None,
     ) -> None:
         self.group, self.headroom = group, headroom
+        if floors is None:
+            floors = ShapeFloors(group.base)
+        assert floors.job.training == group.base.training, "shape floors shared across training configs"
+        self.shape_floors = floors
         self.admit = admit
         self.gpus = {gpu.name: gpu for link_gpus in group.by_link for gpu in link_gpus}
         job = group.base
@@ -191,11 +203,10 @@ class GroupBestFirst:
         self.layouts: dict[tuple[int, int, int, int], list[tuple[int, int]]] = {}
         self.configs: dict[_Key, ParallelConfig] = {}
         self.candidates: dict[_Key, Candidate] = {}
-        self.floor_parts: dict[tuple[int, int, bool], ShapeFloor] = {}
         self.gates: list[bool | None] = [None] * len(self.shapes)
         self.levels: dict[tuple[int, int], bool] = {}
         self.maybe: dict[tuple[int, int], bool] = {}
-        self.floors: dict[tuple[int, int], bool] = {}
+        self.floor_values: list[dict[int, float] | None] = [None] * len(self.shapes)
         self.sequence = 0
         # The next shape with the same layout and the next recompute in RECOMPUTE_ORDER (shapes() makes the
         # recompute the innermost choice).
@@ -217,10 +228,24 @@ class GroupBestFirst:
                 names = [name for name in self.gpus if admit is None or admit(name, count)]
                 if not names:
                     continue
+                # The least recompute whose shape passes its memory floors enters (at its own bound); those
+                # below them have no plan (nearly every candidate comes first in some heap, so the floors are
+                # worked out here rather than on demand). Recompute does not change the layouts or the dps.
+                first: int | None = index
+                while first is not None and not (self._gate(first) and self._floor(first, dp)):
+                    first = self.successor[first]
+                if first is None:
+                    continue
+                rank = RECOMPUTE_ORDER.index(self.shapes[first].recompute)
+                heaps = [(name, pools.setdefault((name, count), [])) for name in names]
+                bounds: dict[tuple[int, str], float] = {}  # the bound does not read the ZeRO stage
                 for ep, zero in self._layouts(shape, dp):
-                    key = (index, dp, ep, zero)
-                    for name in names:
-                        pools.setdefault((name, count), []).append(self._bounded(key, name))
+                    key = (first, dp, ep, zero)
+                    for name, heap in heaps:
+                        seconds = bounds.get((ep, name))
+                        if seconds is None:
+                            seconds = bounds[(ep, name)] = self._bound_s(key, name)
+                        heap.append((seconds, rank, self._next(), _BOUND, key))
         winners = []
         for (name, _), heap in sorted(pools.items()):
             heapq.heapify(heap)
@@ -293,8 +318,13 @@ class GroupBestFirst:
         return scaled
 
     def _bounded(self, key: _Key, name: str) -> _Entry:
-        """The candidate's entry at a lower bound of its step time: its micro-batches', bubble's and fixed
-        costs per pipeline slot (no collectives, data-parallel traffic or optimizer step)."""
+        """The candidate's entry at a lower bound of its step time (:meth:`_bound_s`)."""
+        rank = RECOMPUTE_ORDER.index(self.shapes[key[0]].recompute)
+        return (self._bound_s(key, name), rank, self._next(), _BOUND, key)
+
+    def _bound_s(self, key: _Key, name: str) -> float:
+        """A lower bound of the candidate's step time: its micro-batches', bubble's and fixed costs per pipeline
+        slot (no collectives, data-parallel traffic or optimizer step), less :data:`ROUNDING`."""
         index, dp = key[0], key[1]
         shape = self.shapes[index]
         skey = (*parts_key(shape, key[2]), name, shape.pp, shape.vpp)
@@ -305,7 +335,7 @@ class GroupBestFirst:
             per_slot = per_microbatch_s(scaled, shape.pp, balanced=self.balanced) + scaled.overhead_s * chunks
             self.per_slot[skey] = per_slot
         slots = self.training.num_micro_batches(dp, shape.micro_batch_size) + (shape.pp - 1) / shape.vpp
-        return (slots * per_slot * (1 - ROUNDING), RECOMPUTE_ORDER.index(shape.recompute), self._next(), _BOUND, key)
+        return slots * per_slot * (1 - ROUNDING)
 
     def _estimated(self, key: _Key, name: str) -> list[_Entry]:
         """The candidate's entry at its estimate, and its follower's (the next recompute) at the bound the
@@ -361,16 +391,13 @@ class GroupBestFirst:
     def _floor(self, index: int, dp: int) -> bool:
         """Whether the shape's memory floor at ``dp`` (:func:`lower_bound`, valid for every candidate of the
         shape at that dp) fits the group's largest GPU."""
-        fits = self.floors.get((index, dp))
-        if fits is None:
-            job, shape = self.group.base, self.shapes[index]
-            ep = floor_ep(job, dp)
-            fkey = (index, ep, dp > 1)
-            parts = self.floor_parts.get(fkey)
-            if parts is None:
-                parts = self.floor_parts[fkey] = shape_floor(job, shape, ep, multi=dp > 1)
-            fits = self.floors[(index, dp)] = parts.at(job, shape, dp) <= self.group.capacity
-        return fits
+        values = self.floor_values[index]
+        if values is None:
+            values = self.floor_values[index] = self.shape_floors.of(self.shapes[index])
+        value = values.get(dp)
+        if value is None:
+            value = self.shape_floors.at(self.shapes[index], values, dp)
+        return value <= self.group.capacity
 
     def _possible(self, key: _Key, gpu: GpuType) -> bool:
         """A necessary condition for the candidate (its shape's floors passed) to have a plan on ``gpu`` that the

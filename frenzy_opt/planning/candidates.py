@@ -276,28 +276,85 @@ class ShapeFloor:
 def shape_floor(job: JobSpec, shape: Shape, ep: int, *, multi: bool) -> ShapeFloor:
     """:class:`ShapeFloor` of a shape at expert parallelism ``ep``, with more than one data-parallel rank
     (``multi``) or one."""
-    arch, training = job.model, job.training
-    p = job.parallel
-    split = (p.first_stage_layers, p.last_stage_layers) if shape.pp == p.pp else (None, None)
-    chunks = chunk_layer_counts(arch.num_layers, shape.pp, shape.vpp, split_rule(training.runtime), *split)[:: shape.pp]
-    layers = sum(chunks)
-    terms = param_terms(arch, shape.tp, ep, shape.pp, layers, True, shape.pp == 1)
-    zero = max(ZERO_STAGES_BY_RUNTIME[training.runtime])
-    layout = state_layout_for(
-        training.runtime, training.precision, training.optimizer, zero, multi, fp8_param_gather(training, zero)
-    )
-    acts = activation_terms_for(
-        arch,
-        training,
-        micro_batch_size=shape.micro_batch_size,
-        tp=shape.tp,
-        cp=shape.cp,
-        ep=ep,
-        sp=shape.sequence_parallel,
-        recompute=shape.recompute,
-    )
-    loss = acts.loss + acts.loss_backward if shape.pp == 1 else 0
-    # Flash attention keeps the least of the two kernels, so its activations bound any attention choice.
-    dense, expert = terms.params - terms.expert_params, terms.expert_params
-    return ShapeFloor(chunks=chunks, layers=layers, dense=dense, expert=expert, layout=layout,
-                      layer_activations=acts.layer, loss=loss, ep=ep)  # fmt: skip
+    return ShapeFloors(job).floor(shape, ep, multi=multi)
+
+
+class ShapeFloors:
+    """The memory floors of a job's shapes (:func:`lower_bound`), and the parts they share, each worked out
+    once: the first stage's layers per (pp, vpp), the parameters per (tp, ep, pp, layers), the state layout
+    with one data-parallel rank or more, the activations per (micro-batch, tp, cp, ep, sequence parallelism,
+    recompute). A floor reads the model, the training config and the pinned stage split, not the GPU or its
+    attention kernel (flash attention's activations bound any kernel's), so the searches of GPU groups with
+    one training config may share one (:class:`frenzy_opt.planning.bestfirst.GroupBestFirst`)."""
+
+    def __init__(self, job: JobSpec) -> None:
+        self.job = job
+        self.floors: dict[tuple[Shape, int, bool], ShapeFloor] = {}
+        self.values: dict[Shape, dict[int, float]] = {}
+        self.eps: dict[int, int] = {}
+        self._chunks: dict[tuple[int, int], tuple[tuple[int, ...], int]] = {}
+        self._params: dict[tuple[int, int, int, int], tuple[float, float]] = {}
+        self._layouts: dict[bool, StateLayout] = {}
+        self._acts: dict[tuple[int, int, int, int, bool, str], tuple[float, float]] = {}
+
+    def of(self, shape: Shape) -> dict[int, float]:
+        """The shape's floors by dp worked out so far (:meth:`at` adds to it)."""
+        values = self.values.get(shape)
+        if values is None:
+            values = self.values[shape] = {}
+        return values
+
+    def at(self, shape: Shape, values: dict[int, float], dp: int) -> float:
+        """:func:`lower_bound` of the shape at ``dp``, kept in ``values`` (the shape's :meth:`of`)."""
+        value = values.get(dp)
+        if value is None:
+            ep = self.eps.get(dp)
+            if ep is None:
+                ep = self.eps[dp] = floor_ep(self.job, dp)
+            value = values[dp] = self.floor(shape, ep, multi=dp > 1).at(self.job, shape, dp)
+        return value
+
+    def floor(self, shape: Shape, ep: int, *, multi: bool) -> ShapeFloor:
+        """:class:`ShapeFloor` of a shape at expert parallelism ``ep``, with more than one data-parallel rank
+        (``multi``) or one."""
+        key = (shape, ep, multi)
+        found = self.floors.get(key)
+        if found is not None:
+            return found
+        arch, training = self.job.model, self.job.training
+        chunks, layers = self._chunks_of(shape)
+        pkey = (shape.tp, ep, shape.pp, layers)
+        params = self._params.get(pkey)
+        if params is None:
+            terms = param_terms(arch, shape.tp, ep, shape.pp, layers, True, shape.pp == 1)
+            params = self._params[pkey] = (terms.params - terms.expert_params, terms.expert_params)
+        layout = self._layouts.get(multi)
+        if layout is None:
+            zero = max(ZERO_STAGES_BY_RUNTIME[training.runtime])
+            layout = self._layouts[multi] = state_layout_for(
+                training.runtime, training.precision, training.optimizer, zero, multi, fp8_param_gather(training, zero)
+            )
+        akey = (shape.micro_batch_size, shape.tp, shape.cp, ep, shape.sequence_parallel, shape.recompute)
+        acts = self._acts.get(akey)
+        if acts is None:
+            # Flash attention keeps the least of the two kernels, so its activations bound any attention choice.
+            mb, sp = shape.micro_batch_size, shape.sequence_parallel
+            a = activation_terms_for(arch, training, micro_batch_size=mb, tp=shape.tp, cp=shape.cp, ep=ep, sp=sp,
+                                     recompute=shape.recompute)  # fmt: skip
+            acts = self._acts[akey] = (a.layer, a.loss + a.loss_backward)
+        found = self.floors[key] = ShapeFloor(chunks=chunks, layers=layers, dense=params[0], expert=params[1],
+                                              layout=layout, layer_activations=acts[0],
+                                              loss=acts[1] if shape.pp == 1 else 0, ep=ep)  # fmt: skip
+        return found
+
+    def _chunks_of(self, shape: Shape) -> tuple[tuple[int, ...], int]:
+        """The first stage's chunks' layers and their sum (the pinned split applies at the pinned pp)."""
+        ckey = (shape.pp, shape.vpp)
+        found = self._chunks.get(ckey)
+        if found is None:
+            arch, training, p = self.job.model, self.job.training, self.job.parallel
+            split = (p.first_stage_layers, p.last_stage_layers) if shape.pp == p.pp else (None, None)
+            rule = split_rule(training.runtime)
+            chunks = chunk_layer_counts(arch.num_layers, shape.pp, shape.vpp, rule, *split)[:: shape.pp]
+            found = self._chunks[ckey] = (chunks, sum(chunks))
+        return found

@@ -35,11 +35,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from frenzy_opt.core.plan import Plan
-from frenzy_opt.core.spec import JobSpec, ParallelConfig
+from frenzy_opt.core.spec import JobSpec, ParallelConfig, TrainingConfig
 from frenzy_opt.hardware.cluster import ClusterSpec
 from frenzy_opt.hardware.gpus import GpuType
 from frenzy_opt.planning.bestfirst import Admit, GroupBestFirst
-from frenzy_opt.planning.candidates import RECOMPUTE_ORDER, Shape, configs_at, dp_choices, lower_bound, shapes
+from frenzy_opt.planning.candidates import (
+    RECOMPUTE_ORDER,
+    Shape,
+    ShapeFloors,
+    configs_at,
+    dp_choices,
+    lower_bound,
+    shapes,
+)
 from frenzy_opt.planning.group import Candidate, GpuGroup, Tally, gpu_groups, pins_whole_layout
 from frenzy_opt.planning.plans import (
     DEFAULT_STEP_MODEL,
@@ -74,10 +82,12 @@ def fastest_plans(
                                                 headroom=headroom, plan_filter=plan_filter).plans, admit)  # fmt: skip
     headroom = headroom_of(job, headroom, fit)
     winners: list[Plan] = []
+    floors: dict[TrainingConfig, ShapeFloors] = {}  # the groups' shared memory floors, per training config
     for (precision, gpus_per_node, max_gpus, attention), gpus in gpu_groups(job, cluster).items():
         group = GpuGroup(job, gpus, precision, attention, cluster, cuda=cuda, step_model=step_model, fit=fit)
         if plan_filter is None and not step_model.profiles:
-            winners += GroupBestFirst(group, headroom, gpus_per_node, max_gpus, admit).run()
+            shared = floors.setdefault(group.base.training, ShapeFloors(group.base))
+            winners += GroupBestFirst(group, headroom, gpus_per_node, max_gpus, admit, shared).run()
             continue
         search = _GroupSearch(group, headroom, plan_filter, admit)
         for shape in shapes(job, gpus_per_node, max_gpus):
