@@ -10,7 +10,8 @@ now, with which plan and on which GPUs:
 * for each job every candidate plan is weighed by its **marginal cost**: the job's own weighted time to
   completion (now + duration if the plan's GPUs are free, else the time enough GPUs of that type free up —
   from the running jobs' end times — + duration) plus the delay its GPU-time imposes on the jobs queued
-  behind it, the larger of two estimates of it. *Pooled*: as a fluid (Harchol-Balter 2013, ch. 13), g GPUs of
+  behind it, the larger of two estimates of it, plus the delay it imposes on the jobs still to come. *Pooled*:
+  as a fluid (Harchol-Balter 2013, ch. 13), g GPUs of
   type t held for d seconds delay each job behind by g·d·p_t, p_t the share of the cluster's work per second
   one GPU of the type does: its speed over the sum of GPUs × speed over the types
   (:class:`~frenzy_opt.solvers.greedy_index.TypePrices`, the speeds the queued jobs' own options show; on one
@@ -23,8 +24,13 @@ now, with which plan and on which GPUs:
   it under-prices that type and over-prices the idle ones, and the greedy queued everything for the fast type
   while a slow type idled through the whole schedule (10 % above the CP-SAT optimum on such an instance,
   ``tests/test_greedy_index.py``); the larger of the two keeps the pooled price behind a deep queue (the window
-  holds few of its jobs) and the type's own queue in front of a short one. With nobody behind a job takes its
-  fastest plan; behind a long queue, the plan that holds the least of the cluster's work (the best scaling
+  holds few of its jobs) and the type's own queue in front of a short one. *To come*: jobs keep arriving while
+  the plan runs, at the rate of weight submitted over the last :data:`ARRIVAL_WINDOW_S` (λ, what
+  :meth:`GreedyState.note_arrival` has seen: past arrivals only), λ·d of them over its d seconds, each delayed
+  on average by half its g·d·p_t, so the term adds λ·d·:data:`ARRIVAL_SHARE` to the weight behind. Without it a
+  job arriving to an empty queue took its fastest (widest) plan, and in Sia's philly traces the next arrivals
+  queued behind it while Sia started every job at once on fewer GPUs. With nobody behind and no arrivals seen a
+  job takes its fastest plan; behind a long queue, the plan that holds the least of the cluster's work (the best scaling
   efficiency) — the trade-off of Pollux's goodput and heSRPT (Berg et al. 2020), priced by the queue. A plan
   that would end after the job's deadline costs :data:`LATE_PENALTY` times its lateness on top;
 * placement follows the shared rule (:mod:`frenzy_opt.hardware.topology`): inside one node by best fit (the node
@@ -71,6 +77,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from enum import Enum
@@ -109,6 +116,12 @@ BACKFILL_TESTS = 32
 # the delay a plan imposes (module docstring); past them the pooled estimate alone. A design choice, the jobs a
 # bounded decision prices: over a whole deep queue the estimate priced every fast type as if all its jobs would
 # wait for it, and the greedy lost 10 % of sum of weight x JCT on 512 jobs at once (2,160 GPUs, 4 seeds).
+# The arrival rate the marginal cost counts (module docstring) is that of the jobs submitted in this last stretch
+# (a design choice: an hour holds tens of arrivals in Sia's philly and saturn traces, and follows a day's load).
+ARRIVAL_WINDOW_S = 3600.0
+# Of the jobs arriving while a plan runs (rate x its duration d), the share its GPU-seconds delay: in the fluid view
+# a job arriving at a uniform time in [0, d] waits behind the part of the plan's work still to do, half on average.
+ARRIVAL_SHARE = 0.5
 QUEUED_WINDOW = 32
 # Impatient, a decision plans the wait (estimated start, reservation) of at most this many jobs that cannot
 # start now; the others wait unplanned until the next decision (a bound on its cost with a long queue).
@@ -196,6 +209,9 @@ class GreedyState:
     restarts: dict[str, int] = field(default_factory=dict)
     """Stops per job :meth:`review` made (bounded by its ``max_restarts``)."""
     queue_price: float = 1.0
+    arrival_share: float = ARRIVAL_SHARE
+    """The share of the jobs to come that a plan's GPU-seconds delay in the marginal cost (module docstring);
+    0: only the queue counts, as the HAS did before."""
     patient: bool = True
     """True: a job may wait for a plan whose GPUs are busy when that ends it sooner (non-preemptive use).
     False (where :meth:`review` may move jobs): a job that fits now starts now on the best plan that fits
@@ -209,6 +225,9 @@ class GreedyState:
     """Per GPU type, over its running jobs: the sum of GPUs x end and the sum of GPUs."""
 
     _first_start: dict[str, float] = field(default_factory=dict)
+    _arrivals: deque[tuple[float, float]] = field(default_factory=deque)
+    """(time, weight) of the jobs that arrived in the last :data:`ARRIVAL_WINDOW_S` (:meth:`note_arrival`)."""
+    _arrived_weight: float = 0.0
     _seq: int = 0
     _ordered: RankOrder = field(default_factory=RankOrder)
     """The queue in rank order as of the last :meth:`_order` (kept up to date from :class:`Queue`'s notes)."""
@@ -428,6 +447,7 @@ class GreedyState:
         options out; a job whose every option it rules out waits. :attr:`waiting` tells, after the call,
         what each job the decision reached and left queued waits for."""
         self.waiting, self.priced = {}, 0
+        self._forget_arrivals(now)
         started: list[Assignment] = []
         free_total = sum(index.count for index in self.free.values())
         if free_total == 0:
@@ -584,6 +604,9 @@ class GreedyState:
             ]
         else:
             useds = [per_work * work for work in priced_work]
+        if self._arrived_weight > 0:  # the jobs still to come, at the rate seen (module docstring)
+            coming = self.queue_price * self._arrived_weight / ARRIVAL_WINDOW_S * self.arrival_share
+            useds = [u + coming * d * work for u, d, work in zip(useds, durations, priced_work, strict=True)]
         bounds = [weight * duration + used for duration, used in zip(durations, useds, strict=True)]
         fit: _Choice | None = None  # the cheapest option that fits now so far
         wait: _Choice | None = None  # the cheapest wait so far
@@ -741,9 +764,27 @@ class GreedyState:
         return Assignment(job=job.id, option=option, nodes=nodes, start_s=now, end_s=end)
 
     def _used(self, behind: float, option: Option) -> float:
-        """The marginal-cost term of ``option``'s GPU-seconds (module docstring): the weight queued behind
-        times g·d·p, p the price of a GPU-second of the option's type."""
-        return self.queue_price * behind * (option.num_gpus * option.duration_s) * self.prices.price[option.gpu_type]
+        """The marginal-cost term of ``option``'s GPU-seconds (module docstring): the weight queued behind, and
+        that of the jobs to come while it runs, times g·d·p, p the price of a GPU-second of the option's type."""
+        coming = self._arrived_weight / ARRIVAL_WINDOW_S * self.arrival_share * option.duration_s
+        work = option.num_gpus * option.duration_s * self.prices.price[option.gpu_type]
+        return self.queue_price * (behind + coming) * work
+
+    def note_arrival(self, now: float, weight: float) -> None:
+        """A job was submitted at ``now`` (not a stopped job queued again): the rate of arriving weight the
+        marginal cost counts (module docstring) is that of the last :data:`ARRIVAL_WINDOW_S`."""
+        self._arrivals.append((now, weight))
+        self._arrived_weight += weight
+        self._forget_arrivals(now)
+
+    def _forget_arrivals(self, now: float) -> None:
+        """Drop the arrivals older than :data:`ARRIVAL_WINDOW_S` (a decision does too: the rate falls when
+        nothing arrives)."""
+        seen = self._arrivals
+        while seen and seen[0][0] <= now - ARRIVAL_WINDOW_S:
+            self._arrived_weight -= seen.popleft()[1]
+        if not seen:
+            self._arrived_weight = 0.0  # no float drift
 
     def update_end(self, key: str, end_s: float) -> None:
         """A running job's estimated end changed (its speed was measured, or it ran past the estimate)."""

@@ -225,6 +225,8 @@ class FrenzyPolicy(_Base):
         return max(state.remaining - ran / state.step_s, 0.0) if state.step_s > 0 else state.remaining
 
     def on_arrival(self, job: SimJob, now: float) -> None:
+        assert self.state is not None
+        self.state.note_arrival(now, job.weight)
         self._enqueue(job, float(job.steps))
 
     def on_end(self, job: SimJob, now: float, finished: bool) -> None:
@@ -286,6 +288,20 @@ class FrenzyPolicy(_Base):
                 self._enqueue(self.view.jobs[move.job].job, remaining, move)
             if moves:
                 assignments += self.state.decide(now)
+                # A growth's cut holds for that decision only: a grown job the decision did not start (another
+                # job took the GPUs it was divided) is an ordinary queued job again, with all its options
+                # (kept cut, it waited for that one plan for hours in Sia's philly workload 5).
+                started = {a.job for a in assignments}
+                for move in moves:
+                    if move.reason == "grow" and move.job in self._stopping and move.job not in started:
+                        self._enqueue(self.view.jobs[move.job].job, self._remaining_now(move.job, now))
+                # A growth's cut holds for that decision only: a grown job the decision did not start (another
+                # job took the GPUs it was divided) is an ordinary queued job again, with all its options
+                # (kept cut, it waited for that one plan for hours in Sia's philly workload 5).
+                started = {a.job for a in assignments}
+                for move in moves:
+                    if move.reason == "grow" and move.job in self._stopping and move.job not in started:
+                        self._enqueue(self.view.jobs[move.job].job, self._remaining_now(move.job, now))
         if self.preempt and self.review_every_s > 0 and self.state.by_job and now >= self._next_review:
             self._next_review = now + self.review_every_s
             self.view.wake_at(self._next_review)

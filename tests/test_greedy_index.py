@@ -17,6 +17,7 @@ from frenzy_opt.planning.interfaces import Admission
 from frenzy_opt.planning.problem import Busy, Option, ProblemJob, SchedulingProblem, objective
 from frenzy_opt.planning.scenario import load_cluster_ref
 from frenzy_opt.solvers.greedy import (
+    ARRIVAL_WINDOW_S,
     IMPATIENT_WAITS,
     WAIT_GAIN,
     GreedyHAS,
@@ -370,6 +371,8 @@ class _Checked(GreedyState):
                 continue
             queued = (self.queue_price * round_.behind_fastest.get(gpu_type, 0.0)) * (work / self.capacity[gpu_type])
             used = max(per_work * (work * price[gpu_type]), queued)
+            coming = self.queue_price * self._arrived_weight / ARRIVAL_WINDOW_S * self.arrival_share
+            used += coming * option.duration_s * work * price[gpu_type]
             found = self._price(job, option, shape, now_only, float("inf"), round_, used)
             if found is not None:
                 (fits if found.nodes is not None else waits).append(found.cost)

@@ -60,6 +60,22 @@ def test_alone_a_job_takes_its_fastest_plan_behind_a_queue_its_most_efficient() 
     assert next(a for a in blind.decide(0.0) if a.job == "a").option.num_gpus == 8
 
 
+def test_jobs_seen_arriving_price_a_wide_plan_like_a_queue_until_they_stop() -> None:
+    # One job every 6 s over the last hour: the ~67 to come while 8 GPUs run 400 s would each wait behind part
+    # of their 3,200 GPU-seconds, more than the 600 s 8 GPUs save "a" (1 GPU: ~167 to come over 1,000 s, but
+    # behind a fifth of the work). An hour with no arrival later, the rate is 0 and "a" takes its fastest plan.
+    state = GreedyState(SchedulingProblem(topology=TOPOLOGY, jobs=()))
+    for i in range(600):
+        state.note_arrival(6.0 * i, 1.0)
+    state.queue["a"] = _job("a", SCALING)
+    (started,) = state.decide(3600.0)
+    assert started.option.num_gpus == 1
+    state.release("a")
+    state.queue["b"] = _job("b", SCALING)
+    (later,) = state.decide(2 * 3600.0 + 1.0)
+    assert later.option.num_gpus == 8
+
+
 def test_a_higher_priority_class_goes_first_even_when_longer() -> None:
     state = GreedyState(SchedulingProblem(topology=TOPOLOGY, jobs=()))
     state.queue["short"] = _job("short", (_option(16, 100.0),))

@@ -297,6 +297,9 @@ def _preemptible(db: str, alive: set[str] | None = None) -> tuple[Orchestrator, 
     executor = FakeExecutor(alive)
     executor.preemptible = True
     orch = Orchestrator(Store(db), ONE_NODE, executor, preempt=True)
+    # These tests count moves: without the jobs to come in the marginal cost, the stopped long job waits for
+    # the whole node again (with them, one arrival an hour makes it resume beside the short one at once).
+    orch.state.arrival_share = 0.0
     clock = [0.0]
     orch.now = lambda: clock[0]  # type: ignore[method-assign]
     return orch, clock

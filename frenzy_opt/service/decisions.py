@@ -38,10 +38,11 @@ class Decisions(Transitions):
         restart = math.ceil(self._restart_s(job))
         return tuple(replace(o, duration_s=o.duration_s + restart) for o in self.cache.options(spec))
 
-    def _preempt(self, now: float, pending: Pending) -> None:
+    def _preempt(self, now: float, pending: Pending) -> dict[str, tuple[Option, ...]]:
         """Stop the running jobs the HAS's review chose (module docstring): for a shorter job, or to grow
         into idle GPUs. They rejoin the queue with the steps they have left and their restart cost, and
-        resume from their checkpoint."""
+        resume from their checkpoint. Returns the grown jobs' options before the review's cut."""
+        grown: dict[str, tuple[Option, ...]] = {}
         moves = self.state.review(
             now,
             max_restarts=self.max_restarts,
@@ -59,6 +60,8 @@ class Decisions(Transitions):
             self.executor.cancel(move.job, f"{kind} by the scheduler, {move.why}" if move.why else kind)
             job.steps_left = left
             job.moves += 1
+            if move.reason == "grow":
+                grown[move.job] = options
             options = move.cut(options)  # a growth: only the plans the review's division allows
             why = "for a shorter job" if move.reason == "preempt" else "to grow into idle GPUs"
             pending.add(
@@ -70,6 +73,7 @@ class Decisions(Transitions):
                 moves=job.moves,
             )
             self._queue(job, options, "queued: stopped, waiting to resume")
+        return grown
 
     def _decide(self, pending: Pending) -> list[Launch]:
         now = self.now()
@@ -77,10 +81,16 @@ class Decisions(Transitions):
         assignments = self.state.decide(now, admit=self.quotas)
         waiting = self.state.waiting
         if self.preempt:
-            self._preempt(now, pending)
+            grown = self._preempt(now, pending)
             if self.state.queue:
                 assignments += self.state.decide(now, admit=self.quotas)
                 waiting = {**waiting, **self.state.waiting}
+            # A growth's cut holds for that decision only: a grown job it did not start (another job took the
+            # GPUs it was divided) waits with all its plans again (kept cut, it could wait for hours).
+            started = {a.job for a in assignments}
+            for job_id, options in grown.items():
+                if job_id not in started and job_id in self.state.queue:
+                    self._queue(self.jobs[job_id], options, "queued: stopped, waiting to resume")
         elapsed = time.perf_counter() - tick
         self.decisions += 1
         if self.on_decision is not None:

@@ -56,7 +56,9 @@ class Transitions(Learning):
             if isinstance(event, Submitted):
                 if event.searched is not None:  # searched in a worker: adopted, not searched again here
                     self.cache.adopt(event.spec, event.searched)
-                self._enqueue(event.record, event.spec, pending)
+                if self._enqueue(event.record, event.spec, pending) is not None:
+                    # a submission (not a job recovered or queued again): the arrival rate the HAS prices
+                    self.state.note_arrival(self.now(), event.record.weight)
             elif isinstance(event, Exited):
                 self._exit(event.job_id, event.attempt, event.info, pending)
             else:
