@@ -23,6 +23,7 @@ from frenzy_opt.service.store import Store
 from frenzy_opt.simulation.simulator import SimJob, Simulator
 from frenzy_opt.solvers.base import make_policy
 from frenzy_opt.solvers.greedy import GreedyState
+from frenzy_opt.solvers.greedy_review import MAX_OVERHEAD
 
 GPU = "A100-SXM4-80GB"
 # One type, two 8-GPU nodes (16 GPUs).
@@ -133,13 +134,24 @@ def test_a_short_job_preempts_a_long_one_within_the_restart_bounds() -> None:
         if expected:
             assert [a.job for a in state.decide(5000.0)] == ["short"]
             assert state.restarts == {"long": 1}
-    # Not a job of a higher class, nor one that has not yet run 10 restart costs (MAX_OVERHEAD)
-    for running, at in ((_job("vip", long.options, restart_s=60.0, priority=1), 5000.0), (long, 300.0)):
+    # Not a job of a higher class, nor one that has not yet run past its hysteresis
+    for running, at in ((_job("vip", long.options, restart_s=60.0, priority=1), 5000.0), (long, 150.0)):
         state = GreedyState(SchedulingProblem(topology=TOPOLOGY, jobs=()), patient=False)
         _running(state, running, 0.0)
         state.queue["short"] = short
         state.decide(at)
         assert state.review(at, max_restarts=5) == []
+    # Nor one whose restarts, this one included, would exceed MAX_OVERHEAD of its time since its first start
+    # (moved twice, first started at 0, running again since 100 s: past its hysteresis from 280 s).
+    at_budget = 3 * 60.0 / MAX_OVERHEAD
+    for at, moved in ((at_budget - 1.0, []), (at_budget + 1.0, ["long"])):
+        state = GreedyState(SchedulingProblem(topology=TOPOLOGY, jobs=()), patient=False)
+        state.restarts["long"] = 2
+        state._first_start["long"] = 0.0
+        _running(state, long, 100.0)
+        state.queue["short"] = short
+        state.decide(at)
+        assert [m.job for m in state.review(at, max_restarts=5)] == moved
 
 
 def test_a_job_its_spec_keeps_in_place_is_never_preempted() -> None:
@@ -155,7 +167,8 @@ def test_a_job_its_spec_keeps_in_place_is_never_preempted() -> None:
 
 def test_a_job_just_moved_waits_out_the_hysteresis_before_it_moves_again() -> None:
     # Moved once already (first started at 0, restarted at 20,000 s), 600 s per restart: the overhead budget
-    # allows a second move from 12,000 s of age, the hysteresis only once it has run 3 x 600 s again.
+    # allows a second move long before (2 x 600 s / MAX_OVERHEAD of age), the hysteresis only once it has run
+    # 3 x 600 s again.
     long = _job("long", (_option(16, 100_000.0),), restart_s=600.0)
     short = _job("short", (_option(16, 500.0),), restart_s=60.0)
     for at, moved in ((21_500.0, []), (22_000.0, ["long"])):
