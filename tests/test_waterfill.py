@@ -4,6 +4,7 @@ review and in the simulator's periodic review."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from factories import synthetic_plan
 from hypothesis import given, settings
@@ -21,6 +22,7 @@ from frenzy_opt.service.store import Store
 from frenzy_opt.simulation.simulator import Simulator
 from frenzy_opt.solvers.base import make_policy
 from frenzy_opt.solvers.greedy import GreedyState
+from frenzy_opt.solvers.greedy_review import Move
 from frenzy_opt.solvers.waterfill import Candidate, divide
 
 GPU = "A100-SXM4-80GB"
@@ -219,3 +221,32 @@ def test_the_service_reviews_without_an_event_and_grows_a_running_job(tmp_path: 
     history = [e.detail for e in store.events("long")]
     assert any("to grow into idle GPUs" in detail for detail in history)
     store.close()
+
+
+def test_a_grown_job_another_job_beat_to_its_gpus_waits_with_all_its_plans_again() -> None:
+    """A review's growth cuts the grown job's plans to the one it was given (16 GPUs here); when the decision
+    that follows cannot start it there ("other" holds node 1 until 20,000 s), the cut must not outlive that
+    decision: with every plan back the job resumes on 8 GPUs at the next decision, not at 20,000 s."""
+    topology = Topology(parse_cluster({"node_groups": [{"gpu": GPU, "num_nodes": 2, "gpus_per_node": 8}]}))
+    per_step = (_option(8, 2.0), _option(16, 1.0))  # seconds per step
+    jobs = [_sim_job("other", 0.0, 10_000, per_step[:1]), _sim_job("long", 10.0, 10_000, per_step)]
+    review = GreedyState.review
+    moved: list[float] = []
+
+    def grow_once(state: GreedyState, now: float, **kwargs: Any) -> list[Move]:
+        if moved or now < 1_000.0 or "long" not in state.by_job:
+            return review(state, now, **kwargs)
+        moved.append(now)
+        state.release("long")
+        # ~9,500 steps left: about 9,500 s on 16 GPUs, 19,000 s on 8; the cut keeps the 16-GPU plan alone
+        return [Move(job="long", reason="grow", max_duration_s=12_000.0)]
+
+    GreedyState.review = grow_once  # type: ignore[method-assign]
+    try:
+        result = Simulator(topology, jobs, make_policy("frenzy", review_every_s=60.0)).run()  # type: ignore[arg-type]
+    finally:
+        GreedyState.review = review  # type: ignore[method-assign]
+    (at,) = moved
+    first, second = result.jobs["long"].segments
+    assert first.num_gpus == 8 and first.end_s == at
+    assert second.num_gpus == 8 and second.start_s <= at + 120.0
