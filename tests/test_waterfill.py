@@ -250,3 +250,41 @@ def test_a_grown_job_another_job_beat_to_its_gpus_waits_with_all_its_plans_again
     first, second = result.jobs["long"].segments
     assert first.num_gpus == 8 and first.end_s == at
     assert second.num_gpus == 8 and second.start_s <= at + 120.0
+
+
+def test_the_service_gives_a_grown_job_all_its_plans_back_when_the_growth_did_not_start(tmp_path: Path) -> None:
+    """The service's side of the test above: a growth to 16 GPUs that the decision after the review cannot start
+    (node 1 is held) leaves the job queued with every plan, and the next decision resumes it on 8."""
+    cluster = parse_cluster({"name": "two", "node_groups": [{"gpu": GPU, "num_nodes": 2, "gpus_per_node": 8}]})
+    store = Store(f"sqlite:///{tmp_path / 'ledger.db'}")
+    orch = Orchestrator(store, cluster, ResumingExecutor(), time_scale=10.0)
+    clock = [0.0]
+    orch.now = lambda: clock[0]  # type: ignore[method-assign]
+    orch.state.hold("maintenance", 1, 8, 1e9)
+    record = store.add_job(
+        job_id="long", tenant="t", name="j", request_hash="h", idempotency_key=None, max_retries=1, weight=1.0,
+        predicted=None, spec={"model": "gpt3-125m", "training": {"seq_len": 1024, "global_batch_size": 64,
+                                                                  "train_steps": 400_000}},
+    )  # fmt: skip
+    orch.process([Submitted(record, parse_job(record.spec))])
+    assert orch.running["long"].option.num_gpus == 8
+    review = GreedyState.review
+
+    def grow_once(state: GreedyState, now: float, **kwargs: Any) -> list[Move]:
+        options = kwargs["options_now"]("long")
+        sixteen = next(o for o in options if o.num_gpus == 16)
+        state.release("long")
+        return [Move(job="long", reason="grow", min_duration_s=sixteen.duration_s,
+                     max_duration_s=sixteen.duration_s + 1.0)]  # fmt: skip
+
+    clock[0] = 1_000.0
+    GreedyState.review = grow_once  # type: ignore[method-assign]
+    try:
+        orch.process([])
+    finally:
+        GreedyState.review = review  # type: ignore[method-assign]
+    assert "long" in orch.state.queue and "long" not in orch.running
+    assert {o.num_gpus for o in orch.state.queue["long"].options} >= {8, 16}
+    orch.process([])
+    assert orch.running["long"].option.num_gpus == 8
+    store.close()
