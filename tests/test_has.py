@@ -145,13 +145,7 @@ def test_a_short_job_preempts_a_long_one_within_the_restart_bounds() -> None:
     # (moved twice, first started at 0, running again since 100 s: past its hysteresis from 280 s).
     at_budget = 3 * 60.0 / MAX_OVERHEAD
     for at, moved in ((at_budget - 1.0, []), (at_budget + 1.0, ["long"])):
-        state = GreedyState(SchedulingProblem(topology=TOPOLOGY, jobs=()), patient=False)
-        state.restarts["long"] = 2
-        state._first_start["long"] = 0.0
-        _running(state, long, 100.0)
-        state.queue["short"] = short
-        state.decide(at)
-        assert [m.job for m in state.review(at, max_restarts=5)] == moved
+        assert _moved_before(long, short, restarts=2, since=100.0, at=at) == moved
 
 
 def test_a_job_its_spec_keeps_in_place_is_never_preempted() -> None:
@@ -172,13 +166,19 @@ def test_a_job_just_moved_waits_out_the_hysteresis_before_it_moves_again() -> No
     long = _job("long", (_option(16, 100_000.0),), restart_s=600.0)
     short = _job("short", (_option(16, 500.0),), restart_s=60.0)
     for at, moved in ((21_500.0, []), (22_000.0, ["long"])):
-        state = GreedyState(SchedulingProblem(topology=TOPOLOGY, jobs=()), patient=False)
-        state.restarts["long"] = 1
-        state._first_start["long"] = 0.0
-        _running(state, long, 20_000.0)
-        state.queue["short"] = short
-        state.decide(at)
-        assert [m.job for m in state.review(at, max_restarts=5)] == moved
+        assert _moved_before(long, short, restarts=1, since=20_000.0, at=at) == moved
+
+
+def _moved_before(long: ProblemJob, short: ProblemJob, *, restarts: int, since: float, at: float) -> list[str]:
+    """The jobs a review at ``at`` stops for ``short`` when ``long``, first started at 0 and moved ``restarts``
+    times, has run again since ``since``."""
+    state = GreedyState(SchedulingProblem(topology=TOPOLOGY, jobs=()), patient=False)
+    state.restarts[long.id] = restarts
+    state._first_start[long.id] = 0.0
+    _running(state, long, since)
+    state.queue[short.id] = short
+    state.decide(at)
+    return [m.job for m in state.review(at, max_restarts=5)]
 
 
 def test_a_running_job_grows_into_idle_gpus_when_it_saves_enough() -> None:

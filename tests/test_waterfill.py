@@ -194,9 +194,9 @@ def test_the_periodic_review_grows_a_job_no_event_would_revisit() -> None:
     assert ends[60.0] < 0.75 * ends[0.0]
 
 
-def test_the_service_reviews_without_an_event_and_grows_a_running_job(tmp_path: Path) -> None:
-    """The orchestrator's loop waits at most a review period for an event while jobs run; an empty batch (the
-    period passed) runs a decision and review, and a job that became movable grows into idle GPUs."""
+def _service_with_long_job(tmp_path: Path) -> tuple[Store, ResumingExecutor, Orchestrator, list[float]]:
+    """An orchestrator on two 8-GPU nodes, on a clock the test moves, running a long job on node 0 (node 1 was
+    held when it started, and still is)."""
     cluster = parse_cluster({"name": "two", "node_groups": [{"gpu": GPU, "num_nodes": 2, "gpus_per_node": 8}]})
     store = Store(f"sqlite:///{tmp_path / 'ledger.db'}")
     executor = ResumingExecutor()
@@ -212,6 +212,13 @@ def test_the_service_reviews_without_an_event_and_grows_a_running_job(tmp_path: 
     )  # fmt: skip
     orch.process([Submitted(record, parse_job(record.spec))])
     assert orch.running["long"].option.num_gpus == 8
+    return store, executor, orch, clock
+
+
+def test_the_service_reviews_without_an_event_and_grows_a_running_job(tmp_path: Path) -> None:
+    """The orchestrator's loop waits at most a review period for an event while jobs run; an empty batch (the
+    period passed) runs a decision and review, and a job that became movable grows into idle GPUs."""
+    store, executor, orch, clock = _service_with_long_job(tmp_path)
     assert orch._review_wait_s() == orch.review_every_s / 10.0
     orch.state.release("maintenance")
     clock[0] = 0.2 * orch.running["long"].end_s  # past its hysteresis and restart budget
@@ -255,19 +262,7 @@ def test_a_grown_job_another_job_beat_to_its_gpus_waits_with_all_its_plans_again
 def test_the_service_gives_a_grown_job_all_its_plans_back_when_the_growth_did_not_start(tmp_path: Path) -> None:
     """The service's side of the test above: a growth to 16 GPUs that the decision after the review cannot start
     (node 1 is held) leaves the job queued with every plan, and the next decision resumes it on 8."""
-    cluster = parse_cluster({"name": "two", "node_groups": [{"gpu": GPU, "num_nodes": 2, "gpus_per_node": 8}]})
-    store = Store(f"sqlite:///{tmp_path / 'ledger.db'}")
-    orch = Orchestrator(store, cluster, ResumingExecutor(), time_scale=10.0)
-    clock = [0.0]
-    orch.now = lambda: clock[0]  # type: ignore[method-assign]
-    orch.state.hold("maintenance", 1, 8, 1e9)
-    record = store.add_job(
-        job_id="long", tenant="t", name="j", request_hash="h", idempotency_key=None, max_retries=1, weight=1.0,
-        predicted=None, spec={"model": "gpt3-125m", "training": {"seq_len": 1024, "global_batch_size": 64,
-                                                                  "train_steps": 400_000}},
-    )  # fmt: skip
-    orch.process([Submitted(record, parse_job(record.spec))])
-    assert orch.running["long"].option.num_gpus == 8
+    store, _, orch, clock = _service_with_long_job(tmp_path)
     review = GreedyState.review
 
     def grow_once(state: GreedyState, now: float, **kwargs: Any) -> list[Move]:
