@@ -318,6 +318,17 @@ def _fail(orch: Orchestrator, job: str) -> None:
     orch.process([Exited(job, orch.running[job].attempt, ExitInfo(ok=False, cause="rank 3 exited with code 1"))])
 
 
+def test_submissions_and_not_moves_feed_the_arrival_rate(tmp_path: Path) -> None:
+    """The HAS prices the jobs still to come from the submissions it has seen (GreedyState.note_arrival): a
+    submission counts once; a preemption that queues the same job again does not."""
+    orch, clock = _preemptible(f"sqlite:///{tmp_path / 'arrivals.db'}")
+    job = _submit(orch, LONG)
+    assert orch.state._arrived_weight == 1.0
+    _preempt_once(orch, clock, job)  # one more submission (the short job), an hour later
+    assert orch.state._arrived_weight == 1.0  # the first left the hour's window; the move added nothing
+    assert [t for t, _ in orch.state._arrivals] == [3600.0]
+
+
 def test_moves_never_spend_the_retry_budget(tmp_path: Path) -> None:
     """Issue 23: two preemptions, a restart of the service and one real failure; with one retry allowed, the
     job still succeeds, and the three counters say what happened."""
