@@ -30,8 +30,8 @@ now, with which plan and on which GPUs:
   on average by half its g·d·p_t, so the term adds λ·d·:data:`ARRIVAL_SHARE` to the weight behind. Without it a
   job arriving to an empty queue took its fastest (widest) plan, and in Sia's philly traces the next arrivals
   queued behind it while Sia started every job at once on fewer GPUs. With nobody behind and no arrivals seen a
-  job takes its fastest plan; behind a long queue, the plan that holds the least of the cluster's work (the best scaling
-  efficiency) — the trade-off of Pollux's goodput and heSRPT (Berg et al. 2020), priced by the queue. A plan
+  job takes its fastest plan; behind a long queue, the plan that holds the least of the cluster's work (the best
+  scaling efficiency) — the trade-off of Pollux's goodput and heSRPT (Berg et al. 2020), priced by the queue. A plan
   that would end after the job's deadline costs :data:`LATE_PENALTY` times its lateness on top;
 * placement follows the shared rule (:mod:`frenzy_opt.hardware.topology`): inside one node by best fit (the node
   with the fewest free GPUs that still fit, keeping large blocks free), else whole free nodes;
@@ -116,13 +116,13 @@ BACKFILL_TESTS = 32
 # the delay a plan imposes (module docstring); past them the pooled estimate alone. A design choice, the jobs a
 # bounded decision prices: over a whole deep queue the estimate priced every fast type as if all its jobs would
 # wait for it, and the greedy lost 10 % of sum of weight x JCT on 512 jobs at once (2,160 GPUs, 4 seeds).
+QUEUED_WINDOW = 32
 # The arrival rate the marginal cost counts (module docstring) is that of the jobs submitted in this last stretch
 # (a design choice: an hour holds tens of arrivals in Sia's philly and saturn traces, and follows a day's load).
 ARRIVAL_WINDOW_S = 3600.0
 # Of the jobs arriving while a plan runs (rate x its duration d), the share its GPU-seconds delay: in the fluid view
 # a job arriving at a uniform time in [0, d] waits behind the part of the plan's work still to do, half on average.
 ARRIVAL_SHARE = 0.5
-QUEUED_WINDOW = 32
 # Impatient, a decision plans the wait (estimated start, reservation) of at most this many jobs that cannot
 # start now; the others wait unplanned until the next decision (a bound on its cost with a long queue).
 IMPATIENT_WAITS = 8
@@ -772,7 +772,10 @@ class GreedyState:
 
     def note_arrival(self, now: float, weight: float) -> None:
         """A job was submitted at ``now`` (not a stopped job queued again): the rate of arriving weight the
-        marginal cost counts (module docstring) is that of the last :data:`ARRIVAL_WINDOW_S`."""
+        marginal cost counts (module docstring) is that of the last :data:`ARRIVAL_WINDOW_S`. The simulator's
+        ``frenzy`` policy and the service call it; :class:`GreedyHAS` (``frenzy solve``) does not: on the
+        offline instances of ``benchmarks/results/greedy_gap.md`` the non-preemptive greedy, which cannot give
+        back the GPUs it holds, came out further from CP-SAT's schedules with it."""
         self._arrivals.append((now, weight))
         self._arrived_weight += weight
         self._forget_arrivals(now)
