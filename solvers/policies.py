@@ -295,13 +295,6 @@ class FrenzyPolicy(_Base):
                 for move in moves:
                     if move.reason == "grow" and move.job in self._stopping and move.job not in started:
                         self._enqueue(self.view.jobs[move.job].job, self._remaining_now(move.job, now))
-                # A growth's cut holds for that decision only: a grown job the decision did not start (another
-                # job took the GPUs it was divided) is an ordinary queued job again, with all its options
-                # (kept cut, it waited for that one plan for hours in Sia's philly workload 5).
-                started = {a.job for a in assignments}
-                for move in moves:
-                    if move.reason == "grow" and move.job in self._stopping and move.job not in started:
-                        self._enqueue(self.view.jobs[move.job].job, self._remaining_now(move.job, now))
         if self.preempt and self.review_every_s > 0 and self.state.by_job and now >= self._next_review:
             self._next_review = now + self.review_every_s
             self.view.wake_at(self._next_review)

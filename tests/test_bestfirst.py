@@ -71,7 +71,7 @@ def test_every_candidates_bound_and_estimate_against_its_step_time(name: str) ->
                     key = (index, dp, ep, zero)
                     for gpu in search.gpus.values():
                         exact = search._exact(key, gpu)[0]
-                        assert search._bounded(key, gpu.name)[0] <= exact
+                        assert search._bound_s(key, gpu.name) <= exact
                         estimate = search._estimated(key, gpu.name)[0][0]
                         # The key is the estimate less ROUNDING; the estimate itself is the step time.
                         assert estimate / (1 - ROUNDING) == pytest.approx(exact, rel=ROUNDING / 10), key

@@ -317,11 +317,6 @@ class GroupBestFirst:
             scaled = self.scaled[skey] = _rescaled(parts, pp / shape.pp)
         return scaled
 
-    def _bounded(self, key: _Key, name: str) -> _Entry:
-        """The candidate's entry at a lower bound of its step time (:meth:`_bound_s`)."""
-        rank = RECOMPUTE_ORDER.index(self.shapes[key[0]].recompute)
-        return (self._bound_s(key, name), rank, self._next(), _BOUND, key)
-
     def _bound_s(self, key: _Key, name: str) -> float:
         """A lower bound of the candidate's step time: its micro-batches', bubble's and fixed costs per pipeline
         slot (no collectives, data-parallel traffic or optimizer step), less :data:`ROUNDING`."""
@@ -394,10 +389,7 @@ class GroupBestFirst:
         values = self.floor_values[index]
         if values is None:
             values = self.floor_values[index] = self.shape_floors.of(self.shapes[index])
-        value = values.get(dp)
-        if value is None:
-            value = self.shape_floors.at(self.shapes[index], values, dp)
-        return value <= self.group.capacity
+        return self.shape_floors.at(self.shapes[index], values, dp) <= self.group.capacity
 
     def _possible(self, key: _Key, gpu: GpuType) -> bool:
         """A necessary condition for the candidate (its shape's floors passed) to have a plan on ``gpu`` that the
