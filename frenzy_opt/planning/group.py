@@ -29,7 +29,7 @@ from frenzy_opt.prediction.marp.cuda import CudaTerms, cuda_totals, stage_bound
 from frenzy_opt.prediction.marp.fit import MemoryFit
 from frenzy_opt.prediction.marp.predictor import peak_stages
 from frenzy_opt.prediction.marp.stage_model import StageModel, layer_counts, stage_model_of
-from frenzy_opt.prediction.stepeval import gpu_rates
+from frenzy_opt.prediction.stepeval import MicrobatchTime, assemble, gpu_rates, microbatch_time
 from frenzy_opt.prediction.stepterms import StepTerms, cached_step_terms
 from frenzy_opt.prediction.steptime import StepTimeModel
 
@@ -203,6 +203,7 @@ class GpuGroup:
         # upper bound plus headroom does not fit (MARP's bound is conservative by design, docs/marp-validation.md).
         self.user_layout = pins_whole_layout(job)
         self._ratios: dict[int, float] = {}
+        self._parts: dict[tuple[object, ...], MicrobatchTime] = {}
 
     def candidate(self, parallel: ParallelConfig, micro_batch_size: int, limit: int) -> Candidate:
         """One candidate's stage models at ``parallel``, evaluated up to ``limit`` bytes (:class:`PeakCache`)."""
@@ -255,14 +256,21 @@ class GpuGroup:
         return self._judge(candidate, gpu, *self._bound(candidate, gpu, headroom), headroom)
 
     def seconds(self, candidate: Candidate, gpu: GpuType) -> float:
-        """The candidate's predicted step time on ``gpu`` (its step terms built once per candidate)."""
+        """The candidate's predicted step time on ``gpu`` (its step terms built once per candidate). The
+        micro-batch parts (:func:`microbatch_time`, what :meth:`StepTerms.evaluate` assembles) do not read dp
+        or the ZeRO stage (:func:`parts_key`), so the candidates of a dp scan share them per GPU."""
         found = candidate.seconds.get(gpu.name)
         if found is None:
             if candidate.terms is None:
                 training = self.cache.training(candidate.micro_batch_size)
                 candidate.terms = cached_step_terms(self.job.model, training, candidate.parallel)
-            step = candidate.terms.evaluate(gpu, self.links[gpu.name], self.step_model, self.rates[gpu.name])
-            found = candidate.seconds[gpu.name] = step.total_s
+            key = (*parts_key(candidate.parallel, candidate.micro_batch_size), gpu.name)
+            parts = self._parts.get(key)
+            links = self.links[gpu.name]
+            if parts is None:
+                parts = microbatch_time(candidate.terms, gpu, links, self.step_model, self.rates[gpu.name])
+                self._parts[key] = parts
+            found = candidate.seconds[gpu.name] = assemble(candidate.terms, parts, links, self.step_model).total_s
         return found
 
     def _judge(
@@ -378,6 +386,15 @@ def reserve_ratio(model: StageModel, margin: float, *, single: bool = False) -> 
     states, beyond = model.split(dp)
     reserve = allocator_reserve_bytes(model.step_shape(dp, 1 + margin))
     return reserve / max(states + beyond * (1 + margin), 1)
+
+
+def parts_key(p: ParallelConfig, micro_batch_size: int) -> tuple[object, ...]:
+    """The fields of a candidate that its micro-batch parts (:func:`microbatch_time`) depend on, within one
+    GPU group (one model, training config and attention kernel): every field of
+    :func:`frenzy_opt.prediction.stepterms.step_terms_of` that those parts read comes from the micro-batch,
+    tp, pp, vpp, cp, ep, sequence parallelism and recompute, none from dp or the ZeRO stage (they change only
+    what :func:`assemble` adds)."""
+    return (micro_batch_size, p.tp, p.pp, p.vpp, p.cp, p.ep, p.sequence_parallel, p.recompute)
 
 
 def _budget(gpu: GpuType, headroom: float) -> int:

@@ -15,15 +15,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from frenzy_opt.core.plan import Plan as Plan  # the record moved to core; re-exported for callers
-from frenzy_opt.core.spec import JobSpec, ParallelConfig, check_headroom
+from frenzy_opt.core.spec import JobSpec, ParallelConfig, TrainingConfig, check_headroom
 from frenzy_opt.hardware.cluster import ClusterSpec
 from frenzy_opt.planning.candidates import (
     RECOMPUTE_ORDER,
     Shape,
+    ShapeFloors,
     configs_at,
     dominated,
     dp_choices,
-    lower_bound,
     shapes,
 )
 from frenzy_opt.planning.group import GpuGroup, Tally, gpu_groups
@@ -109,21 +109,24 @@ def enumerate_plans(
     replayed reserve, and what lies outside the allocator) plus the headroom (``headroom``, else
     ``training.memory_headroom``, else the fit's cross-validated default, as a fraction of GPU memory)
     fits the GPU (:mod:`frenzy_opt.prediction.marp.bound`). A shape
-    whose lower bound (:func:`lower_bound`) exceeds the group's largest GPU is skipped. When no plan fits
+    whose lower bound (:func:`frenzy_opt.planning.candidates.lower_bound`, worked out by one
+    :class:`ShapeFloors` per training config) exceeds the group's largest GPU is skipped. When no plan fits
     anywhere, a second pass (``prune=False``) finds the least per-GPU footprint of any configuration for
     the error message, skipping shapes whose lower bound exceeds the best footprint found so far.
     """
     headroom = headroom_of(job, headroom, fit)
     tally = Tally()
     plans: list[Plan] = []
+    floors: dict[TrainingConfig, ShapeFloors] = {}  # the groups' shared memory floors, per training config
     for (precision, gpus_per_node, max_gpus, attention), gpus in gpu_groups(job, cluster).items():
         group = GpuGroup(job, gpus, precision, attention, cluster, cuda=cuda, step_model=step_model, fit=fit)
+        shared = floors.setdefault(group.base.training, ShapeFloors(group.base))
         for shape in shapes(job, gpus_per_node, max_gpus):
             # Feasibility search: nothing above the largest GPU matters. Minimum search (no plan anywhere):
             # nothing above the least footprint found so far does (branch and bound).
             limit = group.capacity if prune else (tally.min_device if tally.min_device is not None else sys.maxsize)
             dps = dp_choices(job, shape, max_gpus)
-            if dps and lower_bound(group.base, shape, dps[0]) <= limit:
+            if dps and shared.at(shape, shared.of(shape), dps[0]) <= limit:  # lower_bound, shared
                 plans += _dp_scan(group, shape, dps, limit, headroom, tally, plan_filter)
     if not plans and prune:
         # Nothing fits: search again for the least memory per GPU any configuration needs (for the error),
