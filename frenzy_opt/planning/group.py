@@ -148,14 +148,14 @@ WORKSPACE_SPREAD = 64 * 2**20
 @dataclass(slots=True, kw_only=True, eq=False)
 class Candidate:
     """A layout evaluated for a GPU group: its allocated peak and stage models, and what the group has worked
-    out for it so far (bounds per GPU architecture and link, step terms, step times per GPU)."""
+    out for it so far (bounds per GPU workspace size and link, step terms, step times per GPU)."""
 
     parallel: ParallelConfig
     micro_batch_size: int
     allocated: int
     models: list[tuple[StageModel, tuple[int, int]]]
-    bounds: dict[tuple[str, ...], MemoryBound] = field(default_factory=dict)
-    """Per (architecture, intra-node link): the bound without the allocator reserve; with ``"ratio"`` or
+    bounds: dict[tuple[object, ...], MemoryBound] = field(default_factory=dict)
+    """Per (workspace bytes, intra-node link): the bound without the allocator reserve; with ``"ratio"`` or
     ``"exact"`` appended, the bound with it (:meth:`GpuGroup._bound`)."""
     terms: StepTerms | None = None
     seconds: dict[str, float] = field(default_factory=dict)
@@ -190,6 +190,10 @@ class GpuGroup:
         self.links = {gpu.name: links_for(cluster, gpu.name) for gpu in gpus}
         # The step-time band's factors (StepTimeModel.band), read once per GPU instead of once per plan.
         self.bands = {gpu.name: step_model.band_factors(gpu.architecture) for gpu in gpus}
+        runtime = job.training.runtime
+        self.workspaces = {
+            gpu.name: library_workspace_bytes(runtime, gpu.architecture) if cuda is not None else 0 for gpu in gpus
+        }
         t = self.base.training
         self.rates = {
             gpu.name: gpu_rates(gpu, step_model, precision=t.precision, runtime=t.runtime,
@@ -313,14 +317,14 @@ class GpuGroup:
 
     def _bare(self, candidate: Candidate, gpu: GpuType) -> tuple[MemoryBound, int]:
         """The largest required bound over the candidate's peak stages on ``gpu`` without the allocator
-        reserve, and the workspaces; GPUs of one architecture and link share it (``candidate.bounds``)."""
-        runtime = self.job.training.runtime
-        workspaces = library_workspace_bytes(runtime, gpu.architecture) if self.cuda is not None else 0
-        key = (gpu.architecture, gpu.intra_node)
+        reserve, and the workspaces. The bound reads of the GPU only its workspaces (by architecture) and its
+        intra-node link (NCCL's channels), so the GPUs that agree on both share it (``candidate.bounds``)."""
+        workspaces = self.workspaces[gpu.name]
+        key = (workspaces, gpu.intra_node)
         known = candidate.bounds.get(key)
         if known is not None:
             return known, workspaces
-        parallel = candidate.parallel
+        parallel, runtime = candidate.parallel, self.job.training.runtime
         nccl = nccl_buffer_bytes(runtime, parallel, gpu.intra_node) if self.cuda is not None else 0
         bare = max(
             (stage_bound(m, parallel.dp, runtime, self.fit, cuda=self.cuda, workspaces=workspaces, nccl=nccl,
@@ -335,13 +339,13 @@ class GpuGroup:
         allocator reserve (:meth:`_reserve_ratio`) is added only when the bound without it fits: a candidate
         already refused without the reserve is refused with it. Near the GPU's budget (:data:`EXACT_BAND`)
         the reserve is replayed at the candidate's own dp, so that the search admits what
-        :func:`frenzy_opt.prediction.marp.predictor.predict_memory`'s bound admits. GPUs of one architecture
-        and link share the bounds (``candidate.bounds``); whether the exact replay applies is decided per GPU,
-        so the answer does not depend on the order the GPUs are asked in."""
+        :func:`frenzy_opt.prediction.marp.predictor.predict_memory`'s bound admits. GPUs of one workspace size
+        and link share the bounds (:meth:`_bare`, ``candidate.bounds``); whether the exact replay applies is
+        decided per GPU, so the answer does not depend on the order the GPUs are asked in."""
         bare, workspaces = self._bare(candidate, gpu)
         if not self._reserve_decides(candidate, gpu, bare, headroom):
             return bare.within(gpu.memory_bytes), workspaces
-        key = (gpu.architecture, gpu.intra_node)
+        key = (workspaces, gpu.intra_node)
         nccl = bare.rows["nccl_buffers"]
         full = candidate.bounds.get((*key, "ratio"))
         if full is None:
