@@ -45,7 +45,6 @@ from frenzy_opt.planning.candidates import (
     ShapeFloors,
     configs_at,
     dp_choices,
-    lower_bound,
     shapes,
 )
 from frenzy_opt.planning.group import Candidate, GpuGroup, Tally, gpu_groups, pins_whole_layout
@@ -85,14 +84,14 @@ def fastest_plans(
     floors: dict[TrainingConfig, ShapeFloors] = {}  # the groups' shared memory floors, per training config
     for (precision, gpus_per_node, max_gpus, attention), gpus in gpu_groups(job, cluster).items():
         group = GpuGroup(job, gpus, precision, attention, cluster, cuda=cuda, step_model=step_model, fit=fit)
+        shared = floors.setdefault(group.base.training, ShapeFloors(group.base))
         if plan_filter is None and not step_model.profiles:
-            shared = floors.setdefault(group.base.training, ShapeFloors(group.base))
             winners += GroupBestFirst(group, headroom, gpus_per_node, max_gpus, admit, shared).run()
             continue
         search = _GroupSearch(group, headroom, plan_filter, admit)
         for shape in shapes(job, gpus_per_node, max_gpus):
             dps = dp_choices(job, shape, max_gpus)
-            if dps and lower_bound(group.base, shape, dps[0]) <= group.capacity:
+            if dps and shared.at(shape, shared.of(shape), dps[0]) <= group.capacity:  # lower_bound, shared
                 search.screen(shape, dps)
         winners += search.decide()
     return winners
