@@ -9,7 +9,9 @@ evaluated per GPU (:meth:`GpuGroup.plans_of`).
 from __future__ import annotations
 
 import functools
+import itertools
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 from frenzy_opt.core.enums import Precision
 from frenzy_opt.core.plan import Plan
@@ -29,7 +31,7 @@ from frenzy_opt.prediction.marp.cuda import CudaTerms, cuda_totals, stage_bound
 from frenzy_opt.prediction.marp.fit import MemoryFit
 from frenzy_opt.prediction.marp.predictor import peak_stages
 from frenzy_opt.prediction.marp.stage_model import StageModel, layer_counts, stage_model_of
-from frenzy_opt.prediction.stepeval import MicrobatchTime, assemble, gpu_rates, microbatch_time
+from frenzy_opt.prediction.stepeval import MicrobatchTime, assembled_total_s, gpu_rates, microbatch_time
 from frenzy_opt.prediction.stepterms import StepTerms, cached_step_terms
 from frenzy_opt.prediction.steptime import StepTimeModel
 
@@ -159,6 +161,22 @@ class Candidate:
     ``"exact"`` appended, the bound with it (:meth:`GpuGroup._bound`)."""
     terms: StepTerms | None = None
     seconds: dict[str, float] = field(default_factory=dict)
+    parts: dict[str, MicrobatchTime] | None = None
+    """The group's micro-batch parts per GPU for the candidate's :func:`parts_key` (:meth:`GpuGroup.seconds`)."""
+
+
+class Admission(NamedTuple):
+    """A candidate's memory figures on a GPU that admits it (:meth:`GpuGroup._admit`): all of them read of
+    the GPU only its memory, workspaces and intra-node link."""
+
+    upper: MemoryBound
+    point: int
+    """The allocated peak plus the workspaces, bytes."""
+    reserved: int
+    used: int
+    required: int
+    """The headroom the plan is admitted with, bytes."""
+    risky: bool
 
 
 class GpuGroup:
@@ -194,6 +212,7 @@ class GpuGroup:
         self.workspaces = {
             gpu.name: library_workspace_bytes(runtime, gpu.architecture) if cuda is not None else 0 for gpu in gpus
         }
+        self.repeats = repeats(self.by_link, self.workspaces)
         t = self.base.training
         self.rates = {
             gpu.name: gpu_rates(gpu, step_model, precision=t.precision, runtime=t.runtime,
@@ -207,7 +226,7 @@ class GpuGroup:
         # upper bound plus headroom does not fit (MARP's bound is conservative by design, docs/marp-validation.md).
         self.user_layout = pins_whole_layout(job)
         self._ratios: dict[int, float] = {}
-        self._parts: dict[tuple[object, ...], MicrobatchTime] = {}
+        self._parts: dict[tuple[object, ...], dict[str, MicrobatchTime]] = {}
 
     def candidate(self, parallel: ParallelConfig, micro_batch_size: int, limit: int) -> Candidate:
         """One candidate's stage models at ``parallel``, evaluated up to ``limit`` bytes (:class:`PeakCache`)."""
@@ -217,23 +236,30 @@ class GpuGroup:
     def plans_of(
         self, parallel: ParallelConfig, micro_batch_size: int, limit: int, headroom: float, tally: Tally
     ) -> list[Plan]:
-        """The memory-feasible plans of one candidate on the group's GPU types."""
+        """The memory-feasible plans of one candidate on the group's GPU types. A GPU of the previous one's
+        memory, workspaces and link (:func:`repeats`) takes that GPU's memory judgment (:meth:`_admit` reads
+        nothing else of a GPU; a refusal there adds nothing to ``tally``: the same bound, the same ratio)."""
         candidate = self.candidate(parallel, micro_batch_size, limit)
         tally.evaluated += 1
         out = []
         for link_gpus in self.by_link:
+            admitted: Admission | None = None
             for gpu in link_gpus:  # largest memory first
+                if gpu.name in self.repeats:
+                    if admitted is not None:
+                        out.append(self._plan(candidate, gpu, admitted))
+                    continue
                 upper, workspaces = self._bound(candidate, gpu, headroom)
                 tally.min_device = upper.required if tally.min_device is None else min(tally.min_device, upper.required)
-                plan = self._judge(candidate, gpu, upper, workspaces, headroom)
-                if plan is None:
+                admitted = self._admit(candidate, gpu, upper, workspaces, headroom)
+                if admitted is None:
                     tally.note_refusal(gpu, upper, parallel, micro_batch_size)
                     # The GPUs after this one have no more memory; only their workspaces (at most 56 MiB
                     # smaller before Hopper) can make a bound smaller.
                     if upper.required - WORKSPACE_SPREAD > gpu.memory_bytes:
                         break
                     continue
-                out.append(plan)
+                out.append(self._plan(candidate, gpu, admitted))
         return out
 
     def needs_reserve(self, candidate: Candidate, gpu: GpuType, headroom: float) -> bool:
@@ -243,7 +269,7 @@ class GpuGroup:
 
     def may_fit(self, candidate: Candidate, gpu: GpuType, headroom: float) -> bool:
         """Whether the candidate's bound without the allocator reserve fits ``gpu``: when it does not,
-        :meth:`resolve` has no plan there (a job that pins its whole layout aside, :meth:`_judge`)."""
+        :meth:`resolve` has no plan there (a job that pins its whole layout aside, :meth:`_admit`)."""
         return self._bare_fits(candidate, gpu, self._bare(candidate, gpu)[0], headroom)
 
     def _reserve_decides(self, candidate: Candidate, gpu: GpuType, bare: MemoryBound, headroom: float) -> bool:
@@ -257,7 +283,8 @@ class GpuGroup:
     def resolve(self, candidate: Candidate, gpu: GpuType, headroom: float) -> Plan | None:
         """The candidate's plan on ``gpu``, or None when its bound does not fit (the same answer as
         :meth:`plans_of` for that GPU)."""
-        return self._judge(candidate, gpu, *self._bound(candidate, gpu, headroom), headroom)
+        admitted = self._admit(candidate, gpu, *self._bound(candidate, gpu, headroom), headroom)
+        return None if admitted is None else self._plan(candidate, gpu, admitted)
 
     def seconds(self, candidate: Candidate, gpu: GpuType) -> float:
         """The candidate's predicted step time on ``gpu`` (its step terms built once per candidate). The
@@ -268,20 +295,24 @@ class GpuGroup:
             if candidate.terms is None:
                 training = self.cache.training(candidate.micro_batch_size)
                 candidate.terms = cached_step_terms(self.job.model, training, candidate.parallel)
-            key = (*parts_key(candidate.parallel, candidate.micro_batch_size), gpu.name)
-            parts = self._parts.get(key)
+            by_gpu = candidate.parts
+            if by_gpu is None:
+                key = parts_key(candidate.parallel, candidate.micro_batch_size)
+                by_gpu = candidate.parts = self._parts.setdefault(key, {})
+            parts = by_gpu.get(gpu.name)
             links = self.links[gpu.name]
             if parts is None:
                 parts = microbatch_time(candidate.terms, gpu, links, self.step_model, self.rates[gpu.name])
-                self._parts[key] = parts
-            found = candidate.seconds[gpu.name] = assemble(candidate.terms, parts, links, self.step_model).total_s
+                by_gpu[gpu.name] = parts
+            found = candidate.seconds[gpu.name] = assembled_total_s(candidate.terms, parts, links, self.step_model)
         return found
 
-    def _judge(
+    def _admit(
         self, candidate: Candidate, gpu: GpuType, upper: MemoryBound, workspaces: int, headroom: float
-    ) -> Plan | None:
-        """The plan on ``gpu`` given its bound, or None when the bound plus headroom does not fit (a layout
-        the user pinned whole is refused only when its allocated peak does not fit, :meth:`__init__`)."""
+    ) -> Admission | None:
+        """The candidate's memory figures on ``gpu`` given its bound, or None when the bound plus headroom
+        does not fit (a layout the user pinned whole is refused only when its allocated peak does not fit,
+        :meth:`__init__`). They read of the GPU only its memory, besides the bound and the workspaces."""
         required = int(headroom * gpu.memory_bytes)
         point = candidate.allocated + workspaces
         risky = upper.required + required > gpu.memory_bytes
@@ -289,18 +320,23 @@ class GpuGroup:
             return None
         outside = upper.rows["cuda_context"] + upper.rows["nccl_buffers"]
         reserved, used = cuda_totals(point, self.cuda, outside, gpu.memory_bytes)
+        return Admission(upper, point, reserved, used, required, risky)
+
+    def _plan(self, candidate: Candidate, gpu: GpuType, admitted: Admission) -> Plan:
+        """The candidate's plan on ``gpu``, which admits it with these memory figures (:meth:`_admit`)."""
         seconds = self.seconds(candidate, gpu)
         low, high = self.bands[gpu.name]
         parallel, micro_batch_size, training = candidate.parallel, candidate.micro_batch_size, self.job.training
+        upper = admitted.upper
         return Plan(
             gpu_type=gpu.name,
             num_gpus=parallel.num_gpus,
             parallel=parallel,
             micro_batch_size=micro_batch_size,
             precision=self.labels[gpu.name],
-            peak_allocated_bytes=point,
-            peak_reserved_bytes=reserved,
-            device_used_bytes=used,
+            peak_allocated_bytes=admitted.point,
+            peak_reserved_bytes=admitted.reserved,
+            device_used_bytes=admitted.used,
             capacity_bytes=gpu.memory_bytes,
             step_time_s=seconds,
             est_runtime_s=seconds * training.train_steps,
@@ -308,10 +344,10 @@ class GpuGroup:
             peak_reserved_upper_bytes=upper.reserved,
             device_used_upper_bytes=upper.device_used,
             required_upper_bytes=upper.required,
-            required_headroom_bytes=required,
+            required_headroom_bytes=admitted.required,
             step_time_p10_s=seconds * low,
             step_time_p90_s=seconds * high,
-            memory_risk=risky,
+            memory_risk=admitted.risky,
             num_micro_batches=training.num_micro_batches(parallel.dp, micro_batch_size),
         )
 
@@ -409,6 +445,19 @@ def _budget(gpu: GpuType, headroom: float) -> int:
 def pins_whole_layout(job: JobSpec) -> bool:
     """Whether the job pins every layout field (the pipeline split aside) and its micro-batch size."""
     return {*PARALLEL_FIELDS, "micro_batch_size"} - set(SPLIT_FIELDS) <= job.pinned
+
+
+def repeats(by_link: list[list[GpuType]], workspaces: dict[str, int]) -> frozenset[str]:
+    """The GPUs of ``by_link``'s lists whose memory, workspaces and intra-node link are those of the GPU
+    before them in their list: a candidate's bound and memory judgment there are the earlier GPU's
+    (:meth:`GpuGroup._bound` and :meth:`GpuGroup._admit` read nothing else of a GPU), e.g. the A100-SXM4-80GB
+    and A800-SXM4-80GB, or the H100-SXM5-80GB and H800-SXM5-80GB."""
+    out = set()
+    for gpus in by_link:
+        for before, gpu in itertools.pairwise(gpus):
+            if (gpu.memory_bytes, workspaces[gpu.name]) == (before.memory_bytes, workspaces[before.name]):
+                out.add(gpu.name)
+    return frozenset(out)
 
 
 def by_link(gpus: list[GpuType]) -> list[list[GpuType]]:

@@ -34,11 +34,13 @@ __all__ = [
     "MicrobatchTime",
     "StepTime",
     "assemble",
+    "assembled_total_s",
     "evaluate_terms",
     "gpu_rates",
     "microbatch_time",
     "per_microbatch_s",
     "profiled_point",
+    "step_parts",
 ]
 
 
@@ -275,7 +277,33 @@ def per_microbatch_s(mb: MicrobatchTime, pp: int, *, balanced: bool) -> float:
 def assemble(t: DpTerms, mb: MicrobatchTime, links: Links, model: StepTimeModel) -> StepTime:
     """The step time from its micro-batch parts and the fields of ``t`` that depend on the data-parallel
     degree and the pipeline depth: the 1F1B slots, the pipeline sends, the exposed data-parallel traffic and
-    the optimizer step."""
+    the optimizer step (:func:`step_parts`)."""
+    compute, bubble, intra, p2p, exposed, optimizer, overhead = step_parts(t, mb, links, model)
+    return StepTime(
+        compute_s=compute,
+        bubble_s=bubble,
+        intra_node_comm_s=intra,
+        pipeline_p2p_s=p2p,
+        data_parallel_exposed_s=exposed,
+        optimizer_s=optimizer,
+        model_flops=t.model_flops,
+        overhead_s=overhead,
+    )
+
+
+def assembled_total_s(t: DpTerms, mb: MicrobatchTime, links: Links, model: StepTimeModel) -> float:
+    """``assemble(t, mb, links, model).total_s`` without building the :class:`StepTime` (a plan search needs
+    only the total, once per plan): the same parts, summed in :attr:`StepTime.total_s`'s order, so the same
+    float bit for bit."""
+    compute, bubble, intra, p2p, exposed, optimizer, overhead = step_parts(t, mb, links, model)
+    return compute + bubble + intra + p2p + exposed + optimizer + overhead
+
+
+def step_parts(
+    t: DpTerms, mb: MicrobatchTime, links: Links, model: StepTimeModel
+) -> tuple[float, float, float, float, float, float, float]:
+    """The seconds of :func:`assemble`'s parts, in :attr:`StepTime.total_s`'s order: compute, bubble,
+    intra-node collectives, pipeline sends, exposed data-parallel traffic, optimizer, fixed overhead."""
     per_microbatch = per_microbatch_s(mb, t.pp, balanced=t.balanced)
     if mb.update_s > 0:
         optimizer = t.stage_layers * mb.update_s * t.optimizer_share
@@ -299,15 +327,14 @@ def assemble(t: DpTerms, mb: MicrobatchTime, links: Links, model: StepTimeModel)
         exposed = t.microbatches * dp_mb + max(0.0, dp_step - per_microbatch)
     else:
         exposed = t.microbatches * dp_mb + dp_step
-    return StepTime(
-        compute_s=t.microbatches * per_microbatch,
-        bubble_s=(t.pp - 1) / t.vpp * per_microbatch,
-        intra_node_comm_s=slots * mb.comm_s,
-        pipeline_p2p_s=slots * p2p if t.pp > 1 else 0.0,
-        data_parallel_exposed_s=exposed,
-        optimizer_s=optimizer,
-        model_flops=t.model_flops,
-        overhead_s=slots * mb.overhead_s * (t.vpp if t.pp > 1 else 1),
+    return (
+        t.microbatches * per_microbatch,
+        (t.pp - 1) / t.vpp * per_microbatch,
+        slots * mb.comm_s,
+        slots * p2p if t.pp > 1 else 0.0,
+        exposed,
+        optimizer,
+        slots * mb.overhead_s * (t.vpp if t.pp > 1 else 1),
     )
 
 
