@@ -163,6 +163,10 @@ class Candidate:
     seconds: dict[str, float] = field(default_factory=dict)
     parts: dict[str, MicrobatchTime] | None = None
     """The group's micro-batch parts per GPU for the candidate's :func:`parts_key` (:meth:`GpuGroup.seconds`)."""
+    num_micro_batches: int = 0
+    """Micro-batches per step and data-parallel rank (the job's :meth:`TrainingConfig.num_micro_batches`)."""
+    bare_stage: int | None = None
+    """Which of ``models`` holds the largest bound without the allocator reserve (:meth:`GpuGroup._bare`)."""
 
 
 class Admission(NamedTuple):
@@ -231,7 +235,9 @@ class GpuGroup:
     def candidate(self, parallel: ParallelConfig, micro_batch_size: int, limit: int) -> Candidate:
         """One candidate's stage models at ``parallel``, evaluated up to ``limit`` bytes (:class:`PeakCache`)."""
         allocated, models = self.cache.allocated(parallel, micro_batch_size, limit)
-        return Candidate(parallel=parallel, micro_batch_size=micro_batch_size, allocated=allocated, models=models)
+        microbatches = self.job.training.num_micro_batches(parallel.dp, micro_batch_size)
+        return Candidate(parallel=parallel, micro_batch_size=micro_batch_size, allocated=allocated, models=models,
+                         num_micro_batches=microbatches)  # fmt: skip
 
     def plans_of(
         self, parallel: ParallelConfig, micro_batch_size: int, limit: int, headroom: float, tally: Tally
@@ -348,13 +354,16 @@ class GpuGroup:
             step_time_p10_s=seconds * low,
             step_time_p90_s=seconds * high,
             memory_risk=admitted.risky,
-            num_micro_batches=training.num_micro_batches(parallel.dp, micro_batch_size),
+            num_micro_batches=candidate.num_micro_batches,
         )
 
     def _bare(self, candidate: Candidate, gpu: GpuType) -> tuple[MemoryBound, int]:
         """The largest required bound over the candidate's peak stages on ``gpu`` without the allocator
         reserve, and the workspaces. The bound reads of the GPU only its workspaces (by architecture) and its
-        intra-node link (NCCL's channels), so the GPUs that agree on both share it (``candidate.bounds``)."""
+        intra-node link (NCCL's channels), so the GPUs that agree on both share it (``candidate.bounds``).
+        Those two add the same bytes to every stage's required bound without the reserve, so the stage that
+        holds the largest is the same on every GPU (``candidate.bare_stage``): the first bound works it out
+        over every stage, the others evaluate that stage alone."""
         workspaces = self.workspaces[gpu.name]
         key = (workspaces, gpu.intra_node)
         known = candidate.bounds.get(key)
@@ -362,11 +371,17 @@ class GpuGroup:
             return known, workspaces
         parallel, runtime = candidate.parallel, self.job.training.runtime
         nccl = nccl_buffer_bytes(runtime, parallel, gpu.intra_node) if self.cuda is not None else 0
-        bare = max(
-            (stage_bound(m, parallel.dp, runtime, self.fit, cuda=self.cuda, workspaces=workspaces, nccl=nccl,
-                         with_reserve=False, split=split) for m, split in candidate.models),
-            key=lambda b: b.required,
-        )  # fmt: skip
+        models = candidate.models if candidate.bare_stage is None else [candidate.models[candidate.bare_stage]]
+        bounds = [
+            stage_bound(m, parallel.dp, runtime, self.fit, cuda=self.cuda, workspaces=workspaces, nccl=nccl,
+                        with_reserve=False, split=split) for m, split in models
+        ]  # fmt: skip
+        if candidate.bare_stage is None:
+            # max's choice: the first stage of the largest required bound
+            candidate.bare_stage = max(range(len(bounds)), key=lambda i: bounds[i].required)
+            bare = bounds[candidate.bare_stage]
+        else:
+            bare = bounds[0]
         candidate.bounds[key] = bare
         return bare, workspaces
 

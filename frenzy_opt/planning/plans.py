@@ -213,6 +213,10 @@ def rank_plans(plans: list[Plan]) -> list[Plan]:
     return sorted(plans, key=rank_key)
 
 
+_RECOMPUTE_RANK = {mode: i for i, mode in enumerate(RECOMPUTE_ORDER)}
+"""A recompute mode's place in :data:`RECOMPUTE_ORDER` (:func:`rank_key`)."""
+
+
 def rank_key(p: Plan) -> tuple[object, ...]:
     """By predicted step time (None ranks as 0, before timed plans); then fewest GPUs, the least recompute
     (full recompute re-runs the forward pass, about a third more compute, Korthikanti et al. 2022, Sec. 5)
@@ -220,7 +224,7 @@ def rank_key(p: Plan) -> tuple[object, ...]:
     return (
         p.step_time_s if p.step_time_s is not None else 0.0,
         p.num_gpus,
-        RECOMPUTE_ORDER.index(p.parallel.recompute),
+        _RECOMPUTE_RANK[p.parallel.recompute],
         -p.headroom_bytes,
         # Ties broken on the plan itself, so the order never depends on the search order.
         p.gpu_type,
