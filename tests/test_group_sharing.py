@@ -1,8 +1,11 @@
 """What a GPU group shares between its GPUs and its candidates changes no plan: a consistency check of the
 plan search against its own unshared path (not a validation against measurements).
 
-A group's GPUs of one workspace size and intra-node link share a candidate's memory bounds, and the candidates
-of a dp scan share their micro-batch parts per GPU (:meth:`frenzy_opt.planning.group.GpuGroup.seconds`). Here
+A group's GPUs of one workspace size and intra-node link share a candidate's memory bounds (evaluated over every
+stage once, then on the stage that holds the largest), a GPU of the previous one's memory, workspaces and link
+takes its memory judgment (:func:`frenzy_opt.planning.group.repeats`), and the candidates of a dp scan share
+their micro-batch parts per GPU (:meth:`frenzy_opt.planning.group.GpuGroup.seconds`), whose step time is
+summed without a :class:`~frenzy_opt.prediction.stepeval.StepTime` (``assembled_total_s``). Here
 every candidate with a plan is judged again on each GPU of its group on its own (a fresh candidate, nothing
 shared with another GPU), and every plan's step time is priced again straight from its step terms
 (:meth:`frenzy_opt.prediction.stepterms.StepTerms.evaluate`): both must give the search's plans bit for bit.
@@ -66,3 +69,14 @@ def test_shared_bounds_and_step_parts_give_each_gpus_own_plans_consistency(name:
                 if plan is not None:
                     step = terms.evaluate(gpu, group.links[gpu.name], DEFAULT_STEP_MODEL, group.rates[gpu.name])
                     assert plan.step_time_s == step.total_s
+
+
+def test_the_mixed_cluster_exercises_a_repeated_memory_judgment() -> None:
+    """The H800-SXM5-80GB follows the H100-SXM5-80GB on NVLink with the same memory and workspaces, so the
+    consistency check above covers a GPU whose memory judgment is its neighbour's; no other GPU of ``MIXED``
+    repeats one (the A100s have more memory than the H100s, the L40S less and smaller workspaces)."""
+    job = JOBS["megatron"]
+    ((precision, _, _, attention), gpus), *_ = gpu_groups(job, MIXED).items()
+    group = GpuGroup(job, gpus, precision, attention, MIXED, cuda=DEFAULT_CUDA, step_model=DEFAULT_STEP_MODEL,
+                     fit=SHIPPED_FIT)  # fmt: skip
+    assert group.repeats == {"H800-SXM5-80GB"}
