@@ -365,3 +365,13 @@ def test_solve_greedy_only_and_bad_flags(capsys: pytest.CaptureFixture[str]) -> 
     assert code == 2 and "--time-limit" in err
     with pytest.raises(SystemExit):
         main(["solve", "default", "--solver", "gurobi"])
+
+
+def test_solve_lp_bound_proves_how_far_the_greedy_can_be(capsys: pytest.CaptureFixture[str]) -> None:
+    payload = run_json(capsys, "solve", "default", "--solver", "greedy", "--lp-bound", "--lp-columns", "5000")
+    greedy = payload["results"]["greedy"]
+    lp = payload["lp_bound"]
+    assert lp["status"] == "Optimal" and lp["columns"] > 0
+    assert 0 < lp["objective"] <= greedy["objective"]
+    assert payload["proven_bound"] == lp["objective"]
+    assert payload["greedy_proven_gap"] == pytest.approx(greedy["objective"] / lp["objective"] - 1)

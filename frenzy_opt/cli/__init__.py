@@ -116,6 +116,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=2, help="CP-SAT search workers (default 2)")
     p.add_argument("--seed", type=int, default=0, help="CP-SAT random seed (default 0)")
     p.add_argument("--plot", help="directory for a Gantt chart per solver (PNG)")
+    p.add_argument(
+        "--lp-bound",
+        action="store_true",
+        help="also prove a lower bound on the objective with the time-indexed LP (tens of seconds at 20 jobs)",
+    )
+    p.add_argument(
+        "--lp-columns",
+        type=int,
+        default=120_000,
+        help="the LP bound's start variables (default 120000; fewer: faster, looser)",
+    )
     p = add("simulate", "replay a scenario's workload under one or more scheduling policies", cmd_simulate)
     p.add_argument("scenario", help="scenario file or shipped name (jobs or a workload generator)")
     p.add_argument("--calibration", help="step-time calibration profile the policies plan with")
