@@ -46,8 +46,9 @@ from frenzy_opt.solvers.base import register
 from frenzy_opt.solvers.greedy import GreedyHAS
 from frenzy_opt.solvers.roundbased import _highs
 
-# Start variables the LP builds by default: HiGHS's interior point solves ~170,000 in 1-2 minutes on a 2-CPU
-# machine (the 20-job instances of benchmarks/results/greedy_gap.md); more shorten the slots, and tighten the bound.
+# Start variables the LP builds by default: HiGHS's interior point solves 120,000 in 20-60 s on a 2-CPU machine
+# (the 10- and 20-job instances of benchmarks/results/greedy_gap.md; 170,000 took 80-140 s and 300,000 did not
+# finish in 300 s, scratch runs); more shorten the slots and tighten the bound.
 MAX_COLUMNS = 120_000
 # The optimum HiGHS reports is exact to its tolerances (primal and dual feasibility 1e-7); the bound is moved
 # down by this relative margin so a rounding there never lifts it above the true LP optimum.
