@@ -375,3 +375,11 @@ def test_solve_lp_bound_proves_how_far_the_greedy_can_be(capsys: pytest.CaptureF
     assert 0 < lp["objective"] <= greedy["objective"]
     assert payload["proven_bound"] == lp["objective"]
     assert payload["greedy_proven_gap"] == pytest.approx(greedy["objective"] / lp["objective"] - 1)
+
+
+def test_solve_lp_bound_with_cpsat_alone_prints_what_it_proves(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, err = run_cli(
+        capsys, "solve", "default", "--solver", "cpsat", "--lp-bound", "--lp-columns", "3000", "--time-limit", "20"
+    )
+    assert code == 0, err
+    assert "proven lower bound on the objective" in out and "the greedy at most" not in out

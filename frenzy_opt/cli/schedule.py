@@ -193,11 +193,15 @@ def cmd_solve(args: argparse.Namespace) -> int:
             )
         if payload.get("proven_bound") is not None:
             lp = payload["lp_bound"]
-            console.print(
-                f"proven lower bound on the objective: {payload['proven_bound']:,.0f} (LP {lp['status']} in "
-                f"{lp['solve_s']:.1f} s); the optimum is at most {100 * payload['best_proven_gap']:.1f} % below the "
-                f"best schedule, the greedy at most {100 * payload['greedy_proven_gap']:.1f} % above the optimum"
+            said = (
+                f"proven lower bound on the objective: {payload['proven_bound']:,.0f} "
+                f"(LP {lp['status']} in {lp['solve_s']:.1f} s)"
             )
+            if "best_proven_gap" in payload:
+                said += f"; the best schedule is at most {100 * payload['best_proven_gap']:.1f} % above the optimum"
+            if "greedy_proven_gap" in payload:
+                said += f", the greedy at most {100 * payload['greedy_proven_gap']:.1f} %"
+            console.print(said)
         for plot in payload.get("plots", []):
             console.print(f"wrote {plot}")
 
