@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import highspy
 
 from frenzy_opt.hardware.topology import Topology
-from frenzy_opt.planning.problem import Option
+from frenzy_opt.planning.problem import Option, undominated
 from frenzy_opt.simulation.simulator import SimJob, Truth
 from frenzy_opt.solvers.roundbased import _highs, highs_lp
 
@@ -57,23 +57,6 @@ class JctBound:
     status: str
 
 
-def _front(options: Sequence[tuple[Option, float]]) -> list[tuple[Option, float]]:
-    """Per GPU type, the configurations no other of the type beats on both GPUs and duration (a dominated one
-    does less work per slot with more GPUs: dropping it leaves the LP's optimum unchanged)."""
-    out = []
-    for option, d in options:
-        dominated = any(
-            o.gpu_type == option.gpu_type
-            and o.num_gpus <= option.num_gpus
-            and e <= d
-            and (o.num_gpus, e) != (option.num_gpus, d)
-            for o, e in options
-        )
-        if not dominated:
-            out.append((option, d))
-    return out
-
-
 def jct_lower_bound(
     jobs: Sequence[SimJob], topology: Topology, truth: Truth, *, time_limit_s: float = 300.0
 ) -> JctBound:
@@ -84,7 +67,7 @@ def jct_lower_bound(
     configs: list[list[tuple[Option, float]]] = []
     for job in jobs:
         timed = [(o, job.startup_s + job.steps * truth.step_s(job, o)) for o in job.per_count.values()]
-        configs.append(_front(timed))
+        configs.append(undominated(timed, lambda od: (od[0].gpu_type, od[0].num_gpus, od[1])))
     dmin = [min(d for _, d in c) for c in configs]
     arrivals = [j.arrival_s for j in jobs]
     gpus = sum(topology.num_gpus_of(t) for t in topology.gpu_types)

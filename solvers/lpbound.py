@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import pulp
 
 from frenzy_opt.core.enums import SolverStatus
-from frenzy_opt.planning.problem import Option, ProblemJob, Schedule, SchedulingProblem
+from frenzy_opt.planning.problem import Option, ProblemJob, Schedule, SchedulingProblem, undominated
 from frenzy_opt.planning.problem import objective as objective_of
 from frenzy_opt.solvers.base import register
 from frenzy_opt.solvers.greedy import GreedyHAS
@@ -72,22 +72,6 @@ class LpBound:
     columns: int
     solve_s: float
     status: str
-
-
-def _front(options: tuple[Option, ...]) -> list[Option]:
-    """Per GPU type, the options no other of the type beats on GPUs and duration (dominated ones hold more GPUs
-    for longer: dropping them leaves the LP's optimum unchanged)."""
-    return [
-        o
-        for o in options
-        if not any(
-            q.gpu_type == o.gpu_type
-            and q.num_gpus <= o.num_gpus
-            and q.duration_s <= o.duration_s
-            and (q.num_gpus, q.duration_s) != (o.num_gpus, o.duration_s)
-            for q in options
-        )
-    ]
 
 
 def _latest(problem: SchedulingProblem, upper_bound: float) -> dict[str, float]:
@@ -136,7 +120,7 @@ def time_indexed_bound(
     started = time.perf_counter()
     if incumbent is None:
         incumbent = GreedyHAS().solve(problem)
-    fronts = {j.id: _front(j.options) for j in problem.jobs}
+    fronts = {j.id: undominated(j.options, lambda o: (o.gpu_type, o.num_gpus, o.duration_s)) for j in problem.jobs}
     latest = _latest(problem, objective_of(problem, incumbent))
     begin, end = min(j.arrival_s for j in problem.jobs), max(latest.values())
     makespan = max(a.end_s for a in incumbent.assignments)

@@ -304,6 +304,10 @@ class ShapeFloors:
             values = self.values[shape] = {}
         return values
 
+    def lower_bound(self, shape: Shape, dp: int) -> float:
+        """:func:`lower_bound` of the shape at ``dp``, worked out once."""
+        return self.at(shape, self.of(shape), dp)
+
     def at(self, shape: Shape, values: dict[int, float], dp: int) -> float:
         """:func:`lower_bound` of the shape at ``dp``, kept in ``values`` (the shape's :meth:`of`)."""
         value = values.get(dp)

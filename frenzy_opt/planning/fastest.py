@@ -91,7 +91,7 @@ def fastest_plans(
         search = _GroupSearch(group, headroom, plan_filter, admit)
         for shape in shapes(job, gpus_per_node, max_gpus):
             dps = dp_choices(job, shape, max_gpus)
-            if dps and shared.at(shape, shared.of(shape), dps[0]) <= group.capacity:  # lower_bound, shared
+            if dps and shared.lower_bound(shape, dps[0]) <= group.capacity:
                 search.screen(shape, dps)
         winners += search.decide()
     return winners

@@ -126,7 +126,7 @@ def enumerate_plans(
             # nothing above the least footprint found so far does (branch and bound).
             limit = group.capacity if prune else (tally.min_device if tally.min_device is not None else sys.maxsize)
             dps = dp_choices(job, shape, max_gpus)
-            if dps and shared.at(shape, shared.of(shape), dps[0]) <= limit:  # lower_bound, shared
+            if dps and shared.lower_bound(shape, dps[0]) <= limit:
                 plans += _dp_scan(group, shape, dps, limit, headroom, tally, plan_filter)
     if not plans and prune:
         # Nothing fits: search again for the least memory per GPU any configuration needs (for the error),

@@ -18,10 +18,11 @@ import math
 import sys
 import threading
 from collections import OrderedDict, defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from enum import Enum
 from types import BuiltinFunctionType, FunctionType, ModuleType
+from typing import TypeVar
 
 from frenzy_opt.core.enums import SolverStatus
 from frenzy_opt.core.spec import JobSpec
@@ -32,6 +33,8 @@ from frenzy_opt.planning.fastest import fastest_plans
 from frenzy_opt.planning.plans import DEFAULT_STEP_MODEL, Plan
 from frenzy_opt.planning.scenario import Scenario
 from frenzy_opt.prediction.steptime import StepTimeModel
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -142,6 +145,19 @@ def pareto_options(per_count: dict[tuple[str, int], Option], max_options_per_typ
         if not front or option.duration_s < front[-1].duration_s:
             front.append(option)
     return thin_fronts(by_type.values(), max_options_per_type)
+
+
+def undominated(items: Sequence[T], shape: Callable[[T], tuple[str, int, float]]) -> list[T]:
+    """The items no other of the same GPU type beats on both GPUs and duration (``shape``: an item's GPU type,
+    GPU count and duration), in their order: a dominated one holds more GPUs for longer, so dropping it leaves a
+    relaxation's optimum unchanged (the LP bounds of :mod:`frenzy_opt.solvers.lpbound` and
+    :mod:`frenzy_opt.solvers.jctbound`)."""
+    shapes = [shape(item) for item in items]
+    return [
+        item
+        for item, (gpu_type, gpus, duration) in zip(items, shapes, strict=True)
+        if not any(t == gpu_type and n <= gpus and d <= duration and (n, d) != (gpus, duration) for t, n, d in shapes)
+    ]
 
 
 def thin_fronts(fronts: Iterable[list[Option]], max_options_per_type: int) -> tuple[Option, ...]:
