@@ -558,11 +558,12 @@ def _lp_bound(
     """The time-indexed LP bound (``solvers/lpbound.py``) with the better of the two schedules as incumbent, and
     the gaps it proves: the best schedule's and the greedy's objective over the larger of the two bounds - 1."""
     best = min(row["greedy_obj"], row["cpsat_obj"]) if cpsat.assignments else row["greedy_obj"]
-    incumbent = cpsat if cpsat.assignments and row["cpsat_obj"] <= row["greedy_obj"] else greedy
     if args.lp_columns == 0:
         lp = None
-    else:
-        lp = time_indexed_bound(problem, incumbent=incumbent, max_columns=args.lp_columns, time_limit_s=args.lp_limit)
+    else:  # CP-SAT's schedule first: the incumbent on a tie
+        lp = time_indexed_bound(
+            problem, incumbents=(cpsat, greedy), max_columns=args.lp_columns, time_limit_s=args.lp_limit
+        )
     value = None if lp is None else lp.objective
     if value is not None and value > best * (1 + 1e-9):
         message = f"{what}: LP bound {value:.0f} > the best schedule's objective {best:.0f}"

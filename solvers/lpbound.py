@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import bisect
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import pulp
@@ -110,16 +111,16 @@ def _columns(
 def time_indexed_bound(
     problem: SchedulingProblem,
     *,
-    incumbent: Schedule | None = None,
+    incumbents: Iterable[Schedule] = (),
     max_columns: int = MAX_COLUMNS,
     time_limit_s: float = 300.0,
 ) -> LpBound:
-    """The bound of the module docstring. ``incumbent``: any complete schedule of ``problem`` (its objective
-    bounds the horizon, and the slots lengthen past :data:`DENSE_SHARE` of its makespan); the greedy's if
-    None."""
+    """The bound of the module docstring. The incumbent is the schedule of least objective among
+    ``incumbents`` that hold one (the first on a tie; the greedy's if none does): its objective bounds the
+    horizon, and the slots lengthen past :data:`DENSE_SHARE` of its makespan."""
     started = time.perf_counter()
-    if incumbent is None:
-        incumbent = GreedyHAS().solve(problem)
+    found = [(objective_of(problem, s), s) for s in incumbents if s.assignments]
+    incumbent = min(found, key=lambda f: f[0])[1] if found else GreedyHAS().solve(problem)
     fronts = {j.id: undominated(j.options, lambda o: (o.gpu_type, o.num_gpus, o.duration_s)) for j in problem.jobs}
     latest = _latest(problem, objective_of(problem, incumbent))
     begin, end = min(j.arrival_s for j in problem.jobs), max(latest.values())

@@ -103,10 +103,7 @@ def _proven_bound(
     found = {name: objective(problem, s) for name, s in schedules.items() if s.assignments}
     best_name = min(found, key=lambda name: found[name]) if found else None
     lp = time_indexed_bound(
-        problem,
-        incumbent=None if best_name is None else schedules[best_name],
-        max_columns=columns,
-        time_limit_s=max(time_limit_s, 60.0),
+        problem, incumbents=schedules.values(), max_columns=columns, time_limit_s=max(time_limit_s, 60.0)
     )
     cpsat = schedules.get("cpsat")
     bounds = [b for b in (lp.objective, None if cpsat is None else cpsat.bound) if b is not None]
