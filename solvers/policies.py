@@ -73,10 +73,17 @@ class FrenzyPolicy(_Base):
 
     What it knows of a job's speed on (GPU type, count): what it has measured of that job there (the
     simulator's :meth:`~frenzy_opt.simulation.view.ClusterView.observed_step_s`, as Sia and Gavel measure), else the
-    prediction corrected by what it measured of other jobs of the same model — the ratio measured /
-    predicted on that type at that count, or at the largest smaller count it has measured (scaling
-    efficiency does not rise with the count: Amdahl 1967) — the simulated counterpart of the service's
-    closed-loop calibration (:mod:`frenzy_opt.prediction.closedloop`). A running job's estimated end follows its
+    prediction corrected by a ratio measured / predicted (:meth:`_correction`) — the simulated counterpart of
+    the service's closed-loop calibration (:mod:`frenzy_opt.prediction.closedloop`). The job's own ratio on the
+    type at another count comes first, carried to this count by how its model's ratio changes between the two
+    counts (measured on one job where one ran at both): what the prediction misses of a job on a type stays
+    with the job when its count changes, while another job of the same model may differ in batch, sequence
+    length or luck. Without it, a job measured at 0.9x its prediction on 2 GPUs was priced at another job's
+    1.8x on 4 and did not grow into 4 idle GPUs of its type for hours (paper3type-llm, seed 2). Without the
+    job's own ratio, its model's on the type: at that count, or at the largest smaller count measured (scaling
+    efficiency does not rise with the count: Amdahl 1967). Both are the latest measurements, not averages over
+    jobs: in Sia's traces a job's throughput changes as its batch size adapts, and the geometric mean over
+    jobs lost 4-6 points of average JCT against sia there. A running job's estimated end follows its
     measured speed and progress. ``max_options_per_type`` thins each job's per-type Pareto front.
 
     Preemptive, it also reviews the whole cluster every ``review_every_s`` seconds of cluster time while
@@ -118,7 +125,11 @@ class FrenzyPolicy(_Base):
         self._options: dict[str, dict[int, Option]] = {}
         """Per queued job: the scaled option's id -> the job's one-step option."""
         self._ratios: dict[tuple[str, str], dict[int, float]] = {}
-        """Per (model, GPU type): measured / predicted step time per GPU count."""
+        """Per (model, GPU type): measured / predicted step time per GPU count, the latest job's."""
+        self._own_ratios: dict[tuple[str, str], dict[int, float]] = {}
+        """The same per (job id, GPU type)."""
+        self._scaling: dict[tuple[str, str], dict[tuple[int, int], float]] = {}
+        """Per (model, GPU type): a job's ratio at count b over its ratio at count a, by (a, b), the latest job's."""
         self._stopping: set[str] = set()
         self._unmeasured: dict[str, float] = {}
         """Runs started whose speed the policy has not measured yet (job -> start)."""
@@ -140,12 +151,29 @@ class FrenzyPolicy(_Base):
         seen = self.view.observed_step_s(job.id, option.gpu_type, option.num_gpus)
         if seen is not None:
             return seen
-        return job.step_s(option) * self._correction(job.model, option.gpu_type, option.num_gpus)
+        return job.step_s(option) * self._correction(job, option.gpu_type, option.num_gpus)
 
-    def _correction(self, model: str, gpu_type: str, num_gpus: int) -> float:
-        """Measured / predicted step time expected for ``model`` on ``num_gpus`` x ``gpu_type``: the ratio
-        measured there, else the one at the largest smaller count measured on the type, else 1."""
-        ratios = self._ratios.get((model, gpu_type))
+    def _correction(self, job: SimJob, gpu_type: str, num_gpus: int) -> float:
+        """Measured / predicted step time expected for ``job`` on ``num_gpus`` x ``gpu_type`` (class docstring):
+        the job's own ratio there; else its own at the nearest count measured below (else above) times its
+        model's scaling of the ratio between the two counts, else its own below alone; else its model's ratio
+        there or at the largest smaller count; else 1."""
+        own = self._own_ratios.get((job.id, gpu_type))
+        if own:
+            if num_gpus in own:
+                return own[num_gpus]
+            below = [n for n in own if n < num_gpus]
+            base = max(below) if below else min(own)
+            scaling = self._scaling.get((job.model, gpu_type), {}).get((base, num_gpus))
+            if scaling is None:
+                model = self._ratios.get((job.model, gpu_type), {})
+                if base in model and num_gpus in model:
+                    scaling = model[num_gpus] / model[base]
+            if scaling is not None:
+                return own[base] * scaling
+            if below:
+                return own[base]
+        ratios = self._ratios.get((job.model, gpu_type))
         if not ratios:
             return 1.0
         if num_gpus in ratios:
@@ -159,9 +187,15 @@ class FrenzyPolicy(_Base):
         seen = self.view.observed_step_s(job.id, gpu_type, num_gpus)
         option = job.per_count.get((gpu_type, num_gpus))
         if seen is not None and option is not None and job.step_s(option) > 0:
-            ratios = self._ratios.setdefault((job.model, gpu_type), {})
             ratio = seen / job.step_s(option)
-            ratios[num_gpus] = ratio
+            self._ratios.setdefault((job.model, gpu_type), {})[num_gpus] = ratio
+            own = self._own_ratios.setdefault((job.id, gpu_type), {})
+            own[num_gpus] = ratio
+            scaling = self._scaling.setdefault((job.model, gpu_type), {})
+            for count, other in own.items():
+                if count != num_gpus:
+                    scaling[(count, num_gpus)] = ratio / other
+                    scaling[(num_gpus, count)] = other / ratio
         return seen
 
     def _scaled(

@@ -27,7 +27,7 @@ from frenzy_opt.simulation.simulator import (
 )
 from frenzy_opt.simulation.view import ClusterView
 from frenzy_opt.solvers.base import make_policy, policy_names
-from frenzy_opt.solvers.policies import FifoPolicy, place
+from frenzy_opt.solvers.policies import FifoPolicy, FrenzyPolicy, place
 
 GPU_TYPES = ("A100-SXM4-80GB", "V100-SXM2-32GB")
 
@@ -276,3 +276,36 @@ def test_a_policy_sees_the_cluster_read_only() -> None:
     with pytest.raises(TypeError):
         view.running["x"] = None  # type: ignore[index]
     assert len(view.free) == len(topology.nodes) and view.now > 0
+
+
+def test_frenzy_corrects_a_prediction_with_the_jobs_own_measurements_first() -> None:
+    """What ``frenzy`` expects of a job's speed on a count it has not run (FrenzyPolicy._correction): its own
+    ratio measured / predicted at another count, carried over by its model's scaling between the counts,
+    before another job's ratio; its model's ratio where the job has measured nothing on the type."""
+    topology = Topology(parse_cluster({"node_groups": [{"gpu": "A100-SXM4-80GB", "num_nodes": 2, "gpus_per_node": 8}]}))
+    a100 = "A100-SXM4-80GB"
+    request = Request(gpu_type=a100, num_gpus=1)
+    first, second, third = (_job(topology, f"j{i}", 0.0, 100, 8.0, request) for i in range(3))
+    measured = {("j0", 2): 0.9, ("j1", 2): 1.2, ("j1", 4): 1.8}  # measured / predicted, per (job, count)
+
+    class View:
+        def observed_step_s(self, job_id: str, gpu_type: str, num_gpus: int) -> float | None:
+            job = {"j0": first, "j1": second, "j2": third}[job_id]
+            ratio = measured.get((job_id, num_gpus))
+            return None if ratio is None else ratio * job.step_s(job.per_count[(gpu_type, num_gpus)])
+
+    policy = FrenzyPolicy()
+    policy.view = View()  # type: ignore[assignment]
+    assert policy._correction(first, a100, 4) == 1.0  # nothing measured: the prediction
+    policy._learn(first, a100, 2)
+    assert policy._correction(first, a100, 4) == pytest.approx(0.9)  # its own, at the largest smaller count
+    assert policy._correction(first, a100, 1) == 1.0  # nothing at or below 1: the prediction
+    policy._learn(second, a100, 4)
+    policy._learn(second, a100, 2)
+    # j1 went 1.2 -> 1.8 from 2 to 4 GPUs: j0's own 0.9 scaled by 1.5, not j1's 1.8.
+    assert policy._correction(first, a100, 4) == pytest.approx(1.35)
+    assert policy._correction(first, a100, 2) == pytest.approx(0.9)
+    # A job of the model that measured nothing on the type: the model's latest ratio there, or below.
+    assert policy._correction(third, a100, 4) == pytest.approx(1.8)
+    assert policy._correction(third, a100, 8) == pytest.approx(1.8)
+    assert policy._correction(third, a100, 1) == 1.0
