@@ -45,6 +45,7 @@ those (:func:`frenzy_opt.planning.fastest.fastest_plans`).
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -67,7 +68,8 @@ from frenzy_opt.prediction.stepeval import MicrobatchTime, StepTime, assemble, m
 from frenzy_opt.prediction.stepterms import StepTerms, cached_step_terms
 
 Admit = Callable[[str, int], bool]
-"""Whether a (GPU type, GPU count) is wanted at all (e.g. the placement rule places that many GPUs)."""
+"""Whether a (GPU type, GPU count) is wanted at all (e.g. the placement rule places that many GPUs); a pure
+function (a search may ask once per pair and keep the answer)."""
 
 ROUNDING = 1e-9
 """Relative slack of an estimate's heap key: the estimate reassociates the step time's floating-point sums
@@ -199,7 +201,7 @@ class GroupBestFirst:
         self.refs: dict[tuple[object, ...], StepTerms] = {}
         self.parts: dict[tuple[object, ...], tuple[MicrobatchTime, int]] = {}
         self.scaled: dict[tuple[object, ...], MicrobatchTime] = {}
-        self.per_slot: dict[tuple[object, ...], float] = {}
+        self.per_slot: dict[tuple[int, int, str], float] = {}
         self.layouts: dict[tuple[int, int, int, int], list[tuple[int, int]]] = {}
         self.configs: dict[_Key, ParallelConfig] = {}
         self.candidates: dict[_Key, Candidate] = {}
@@ -207,25 +209,30 @@ class GroupBestFirst:
         self.levels: dict[tuple[int, int], bool] = {}
         self.maybe: dict[tuple[int, int], bool] = {}
         self.floor_values: list[dict[int, float] | None] = [None] * len(self.shapes)
-        self.sequence = 0
+        self.sequence = itertools.count(1)  # heap entries tied on key and recompute pop in the order pushed
+        self.ranks = [RECOMPUTE_ORDER.index(shape.recompute) for shape in self.shapes]
         # The next shape with the same layout and the next recompute in RECOMPUTE_ORDER (shapes() makes the
         # recompute the innermost choice).
         self.successor: list[int | None] = [None] * len(self.shapes)
         for i in range(len(self.shapes) - 1):
             a, b = self.shapes[i], self.shapes[i + 1]
-            if _same_layout(a, b) and RECOMPUTE_ORDER.index(b.recompute) > RECOMPUTE_ORDER.index(a.recompute):
+            if _same_layout(a, b) and self.ranks[i + 1] > self.ranks[i]:
                 self.successor[i] = i + 1
 
     def run(self) -> list[Plan]:
         pools: dict[tuple[str, int], list[_Entry]] = {}
         followers = {i for i in self.successor if i is not None}
         admit = self.admit
+        wanted: dict[int, list[str]] = {}  # the GPUs admit accepts, per GPU count
         for index, shape in enumerate(self.shapes):
             if index in followers:
                 continue
+            model_gpus = shape.model_gpus
             for dp in self.dps[index]:
-                count = dp * shape.model_gpus
-                names = [name for name in self.gpus if admit is None or admit(name, count)]
+                count = dp * model_gpus
+                names = wanted.get(count)
+                if names is None:
+                    names = wanted[count] = [name for name in self.gpus if admit is None or admit(name, count)]
                 if not names:
                     continue
                 # The least recompute whose shape passes its memory floors enters (at its own bound); those
@@ -236,7 +243,7 @@ class GroupBestFirst:
                     first = self.successor[first]
                 if first is None:
                     continue
-                rank = RECOMPUTE_ORDER.index(self.shapes[first].recompute)
+                rank = self.ranks[first]
                 heaps = [(name, pools.setdefault((name, count), [])) for name in names]
                 bounds: dict[tuple[int, str], float] = {}  # the bound does not read the ZeRO stage
                 for ep, zero in self._layouts(shape, dp):
@@ -245,7 +252,7 @@ class GroupBestFirst:
                         seconds = bounds.get((ep, name))
                         if seconds is None:
                             seconds = bounds[(ep, name)] = self._bound_s(key, name)
-                        heap.append((seconds, rank, self._next(), _BOUND, key))
+                        heap.append((seconds, rank, next(self.sequence), _BOUND, key))
         winners = []
         for (name, _), heap in sorted(pools.items()):
             heapq.heapify(heap)
@@ -268,7 +275,7 @@ class GroupBestFirst:
                 elif (follower := self.successor[key[0]]) is not None:
                     # Below the shape's memory floor (at its largest dp or this one): no plan, but the next
                     # recompute needs less memory. This bound bounds the follower's step time too (follower_bound).
-                    heapq.heappush(heap, (seconds, rank + 1, self._next(), _BOUND, (follower, *key[1:])))
+                    heapq.heappush(heap, (seconds, rank + 1, next(self.sequence), _BOUND, (follower, *key[1:])))
                 continue
             if state == _ESTIMATE:
                 if self._possible(key, gpu):
@@ -279,10 +286,6 @@ class GroupBestFirst:
                 found = (seconds, rank)
                 ties.append(plan)
         return min(ties, key=rank_key) if ties else None
-
-    def _next(self) -> int:
-        self.sequence += 1
-        return self.sequence
 
     def _config(self, key: _Key) -> ParallelConfig:
         config = self.configs.get(key)
@@ -322,7 +325,7 @@ class GroupBestFirst:
         slot (no collectives, data-parallel traffic or optimizer step), less :data:`ROUNDING`."""
         index, dp = key[0], key[1]
         shape = self.shapes[index]
-        skey = (*parts_key(shape, key[2]), name, shape.pp, shape.vpp)
+        skey = (index, key[2], name)  # the shape (all of parts_key, pp and vpp), ep and the GPU
         per_slot = self.per_slot.get(skey)
         if per_slot is None:
             scaled = self._scaled(key, name)
@@ -343,19 +346,18 @@ class GroupBestFirst:
             ref = self.refs[fkey] = self._terms(key)
         group = self.group
         step = assemble(_view(group, ref, shape.pp, dp), self._scaled(key, name), group.links[name], group.step_model)
-        rank = RECOMPUTE_ORDER.index(shape.recompute)
-        entries = [(step.total_s * (1 - ROUNDING), rank, self._next(), _ESTIMATE, key)]
+        rank = self.ranks[index]
+        entries = [(step.total_s * (1 - ROUNDING), rank, next(self.sequence), _ESTIMATE, key)]
         follower = self.successor[index]
         if follower is not None:
             bound = follower_bound(step) * (1 - ROUNDING)
-            entries.append((bound, rank + 1, self._next(), _BOUND, (follower, dp, ep, zero)))
+            entries.append((bound, rank + 1, next(self.sequence), _BOUND, (follower, dp, ep, zero)))
         return entries
 
     def _exact(self, key: _Key, gpu: GpuType) -> _Entry:
         group = self.group
         step = self._terms(key).evaluate(gpu, group.links[gpu.name], group.step_model, group.rates[gpu.name])
-        recompute = RECOMPUTE_ORDER.index(self.shapes[key[0]].recompute)
-        return (step.total_s, recompute, self._next(), _EXACT, key)
+        return (step.total_s, self.ranks[key[0]], next(self.sequence), _EXACT, key)
 
     def _candidate(self, key: _Key) -> Candidate:
         candidate = self.candidates.get(key)
@@ -389,7 +391,10 @@ class GroupBestFirst:
         values = self.floor_values[index]
         if values is None:
             values = self.floor_values[index] = self.shape_floors.of(self.shapes[index])
-        return self.shape_floors.at(self.shapes[index], values, dp) <= self.group.capacity
+        value = values.get(dp)
+        if value is None:
+            value = self.shape_floors.at(self.shapes[index], values, dp)
+        return value <= self.group.capacity
 
     def _possible(self, key: _Key, gpu: GpuType) -> bool:
         """A necessary condition for the candidate (its shape's floors passed) to have a plan on ``gpu`` that the
