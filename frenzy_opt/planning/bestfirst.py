@@ -47,11 +47,12 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Callable
+from dataclasses import replace
 from typing import NamedTuple
 
 from frenzy_opt.core.plan import Plan
 from frenzy_opt.core.runtime_profile import profile
-from frenzy_opt.core.spec import ParallelConfig
+from frenzy_opt.core.spec import JobSpec, ParallelConfig
 from frenzy_opt.hardware.gpus import GpuType
 from frenzy_opt.planning.candidates import (
     RECOMPUTE_ORDER,
@@ -164,9 +165,56 @@ def follower_bound(step: StepTime) -> float:
     return step.compute_s + step.bubble_s + step.optimizer_s + step.pipeline_p2p_s + step.overhead_s
 
 
+class ShapeSpace:
+    """A job's shapes on ``gpus_per_node``-GPU nodes and at most ``max_gpus`` GPUs (:func:`shapes`), with what the
+    best-first search reads of each: its dp choices, its recompute's rank in :data:`RECOMPUTE_ORDER`, its follower
+    (the same layout with the next recompute), and its (ep, ZeRO stage) pairs per dp. They read the model, the
+    training config and the pinned fields, not the GPU or its attention kernel, so the searches of the GPU
+    groups of one training config, node size and GPU count may share one
+    (:func:`frenzy_opt.planning.fastest.fastest_plans`)."""
+
+    def __init__(self, job: JobSpec, gpus_per_node: int, max_gpus: int) -> None:
+        self.job, self.gpus_per_node, self.max_gpus = job, gpus_per_node, max_gpus
+        self.shapes = list(shapes(job, gpus_per_node, max_gpus))
+        # dp choices depend on the micro-batch, the model-parallel GPUs, pp and vpp only (not the recompute mode).
+        by_kind: dict[tuple[int, int, int, int], list[int]] = {}
+        self.dps: list[list[int]] = []
+        for shape in self.shapes:
+            kind = (shape.micro_batch_size, shape.model_gpus, shape.pp, shape.vpp)
+            found = by_kind.get(kind)
+            if found is None:
+                found = by_kind[kind] = dp_choices(job, shape, max_gpus)
+            self.dps.append(found)
+        self.ranks = [RECOMPUTE_ORDER.index(shape.recompute) for shape in self.shapes]
+        # The next shape with the same layout and the next recompute in RECOMPUTE_ORDER (shapes() makes the
+        # recompute the innermost choice).
+        self.successor: list[int | None] = [None] * len(self.shapes)
+        for i in range(len(self.shapes) - 1):
+            a, b = self.shapes[i], self.shapes[i + 1]
+            if _same_layout(a, b) and self.ranks[i + 1] > self.ranks[i]:
+                self.successor[i] = i + 1
+        self._layouts: dict[tuple[int, int, int, int], list[tuple[int, int]]] = {}
+
+    def matches(self, job: JobSpec, gpus_per_node: int, max_gpus: int) -> bool:
+        """Whether this is the space of ``job`` (its attention kernel aside) on such nodes and GPU count."""
+        mine = self.job
+        return (mine.model, mine.training, mine.pinned, mine.parallel) == (
+            job.model, job.training, job.pinned, replace(job.parallel, attention=mine.parallel.attention)
+        ) and (self.gpus_per_node, self.max_gpus) == (gpus_per_node, max_gpus)  # fmt: skip
+
+    def layouts(self, shape: Shape, dp: int) -> list[tuple[int, int]]:
+        """:func:`layout_choices`, which depends on the shape's tp, pp and cp only."""
+        lkey = (shape.tp, shape.pp, shape.cp, dp)
+        found = self._layouts.get(lkey)
+        if found is None:
+            found = self._layouts[lkey] = layout_choices(self.job, shape, dp)
+        return found
+
+
 class GroupBestFirst:
-    """The best-first search (module docstring) over one GPU group; ``floors`` may be shared with the searches
-    of other groups of the same training config (:class:`ShapeFloors`)."""
+    """The best-first search (module docstring) over one GPU group; ``floors`` and ``space`` may be shared with
+    the searches of other groups of the same training config (:class:`ShapeFloors`), and of the same node size
+    and GPU count (:class:`ShapeSpace`)."""
 
     def __init__(
         self,
@@ -176,6 +224,7 @@ class GroupBestFirst:
         max_gpus: int,
         admit: Admit | None,
         floors: ShapeFloors | None = None,
+        space: ShapeSpace | None = None,
     ) -> None:
         self.group, self.headroom = group, headroom
         if floors is None:
@@ -185,16 +234,11 @@ class GroupBestFirst:
         self.admit = admit
         self.gpus = {gpu.name: gpu for link_gpus in group.by_link for gpu in link_gpus}
         job = group.base
-        self.shapes = list(shapes(job, gpus_per_node, max_gpus))
-        # dp choices depend on the micro-batch, the model-parallel GPUs, pp and vpp only (not the recompute mode).
-        by_kind: dict[tuple[int, int, int, int], list[int]] = {}
-        self.dps = []
-        for shape in self.shapes:
-            kind = (shape.micro_batch_size, shape.model_gpus, shape.pp, shape.vpp)
-            found = by_kind.get(kind)
-            if found is None:
-                found = by_kind[kind] = dp_choices(job, shape, max_gpus)
-            self.dps.append(found)
+        if space is None:
+            space = ShapeSpace(job, gpus_per_node, max_gpus)
+        assert space.matches(job, gpus_per_node, max_gpus), "shape space shared across jobs or GPU counts"
+        self.space = space
+        self.shapes, self.dps, self.ranks, self.successor = space.shapes, space.dps, space.ranks, space.successor
         self.training = job.training
         # Runtimes that balance their stages by cost spread the output layer (RuntimeProfile).
         self.balanced = profile(job.training.runtime).balanced_pipeline_stages
@@ -202,7 +246,6 @@ class GroupBestFirst:
         self.parts: dict[tuple[object, ...], tuple[MicrobatchTime, int]] = {}
         self.scaled: dict[tuple[object, ...], MicrobatchTime] = {}
         self.per_slot: dict[tuple[int, int, str], float] = {}
-        self.layouts: dict[tuple[int, int, int, int], list[tuple[int, int]]] = {}
         self.configs: dict[_Key, ParallelConfig] = {}
         self.candidates: dict[_Key, Candidate] = {}
         self.gates: list[bool | None] = [None] * len(self.shapes)
@@ -210,14 +253,6 @@ class GroupBestFirst:
         self.maybe: dict[tuple[int, int], bool] = {}
         self.floor_values: list[dict[int, float] | None] = [None] * len(self.shapes)
         self.sequence = itertools.count(1)  # heap entries tied on key and recompute pop in the order pushed
-        self.ranks = [RECOMPUTE_ORDER.index(shape.recompute) for shape in self.shapes]
-        # The next shape with the same layout and the next recompute in RECOMPUTE_ORDER (shapes() makes the
-        # recompute the innermost choice).
-        self.successor: list[int | None] = [None] * len(self.shapes)
-        for i in range(len(self.shapes) - 1):
-            a, b = self.shapes[i], self.shapes[i + 1]
-            if _same_layout(a, b) and self.ranks[i + 1] > self.ranks[i]:
-                self.successor[i] = i + 1
 
     def run(self) -> list[Plan]:
         pools: dict[tuple[str, int], list[_Entry]] = {}
@@ -235,18 +270,13 @@ class GroupBestFirst:
                     names = wanted[count] = [name for name in self.gpus if admit is None or admit(name, count)]
                 if not names:
                     continue
-                # The least recompute whose shape passes its memory floors enters (at its own bound); those
-                # below them have no plan (nearly every candidate comes first in some heap, so the floors are
-                # worked out here rather than on demand). Recompute does not change the layouts or the dps.
-                first: int | None = index
-                while first is not None and not (self._gate(first) and self._floor(first, dp)):
-                    first = self.successor[first]
+                first = self._entering(index, dp)
                 if first is None:
                     continue
                 rank = self.ranks[first]
                 heaps = [(name, pools.setdefault((name, count), [])) for name in names]
                 bounds: dict[tuple[int, str], float] = {}  # the bound does not read the ZeRO stage
-                for ep, zero in self._layouts(shape, dp):
+                for ep, zero in self.space.layouts(shape, dp):
                     key = (first, dp, ep, zero)
                     for name, heap in heaps:
                         seconds = bounds.get((ep, name))
@@ -377,6 +407,25 @@ class GroupBestFirst:
         candidate.seconds.setdefault(gpu.name, seconds)
         return self.group.resolve(candidate, gpu, self.headroom)
 
+    def _entering(self, index: int, dp: int) -> int | None:
+        """The shape of ``index``'s layout that enters the heaps at ``dp``: the least recompute whose shape passes
+        its memory floors (:meth:`_gate` and :meth:`_floor`) enters, at its own bound; those below them have no
+        plan (nearly every candidate comes first in some heap, so the floors are worked out as the heaps are
+        built rather than on demand). Recompute does not change the layouts or the dps."""
+        successor, floor_values, capacity = self.successor, self.floor_values, self.group.capacity
+        first: int | None = index
+        while first is not None:
+            if self._gate(first):
+                values = floor_values[first]  # the gate has read the shape's floors
+                assert values is not None
+                value = values.get(dp)
+                if value is None:
+                    value = self.shape_floors.at(self.shapes[first], values, dp)
+                if value <= capacity:
+                    return first
+            first = successor[first]
+        return None
+
     def _gate(self, index: int) -> bool:
         """Whether the shape's memory floor at its largest dp fits (the full search's test of the shape)."""
         passed = self.gates[index]
@@ -410,18 +459,10 @@ class GroupBestFirst:
         if fits is None:
             fits = self.maybe[(index, dp)] = any(
                 self.group.may_fit(self._candidate((index, dp, ep, zero)), gpu, self.headroom)
-                for ep, zero in self._layouts(self.shapes[index], dp)
+                for ep, zero in self.space.layouts(self.shapes[index], dp)
                 for gpu in self.gpus.values()
             )
         return fits
-
-    def _layouts(self, shape: Shape, dp: int) -> list[tuple[int, int]]:
-        """:func:`layout_choices`, which depends on the shape's tp, pp and cp only."""
-        lkey = (shape.tp, shape.pp, shape.cp, dp)
-        found = self.layouts.get(lkey)
-        if found is None:
-            found = self.layouts[lkey] = layout_choices(self.group.base, shape, dp)
-        return found
 
     def _reached(self, index: int, dp: int) -> bool:
         """Whether the full search's dp scan of the shape evaluates ``dp``: dp = 1 always, a dp >= 2 when every
@@ -436,7 +477,7 @@ class GroupBestFirst:
             shape = self.shapes[index]
             fits = self.levels[(index, dp)] = any(
                 self.group.resolve(self._candidate((index, dp, ep, zero)), gpu, self.headroom) is not None
-                for ep, zero in self._layouts(shape, dp)
+                for ep, zero in self.space.layouts(shape, dp)
                 for gpu in self.gpus.values()
             )
         return fits
