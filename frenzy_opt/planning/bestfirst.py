@@ -65,7 +65,7 @@ from frenzy_opt.planning.candidates import (
 )
 from frenzy_opt.planning.group import Candidate, GpuGroup
 from frenzy_opt.planning.plans import rank_key
-from frenzy_opt.prediction.stepeval import MicrobatchTime, StepTime, assemble, microbatch_time, per_microbatch_s
+from frenzy_opt.prediction.stepeval import MicrobatchTime, StepTime, microbatch_time, per_microbatch_s, step_parts
 from frenzy_opt.prediction.stepterms import StepTerms, cached_step_terms
 
 Admit = Callable[[str, int], bool]
@@ -109,7 +109,7 @@ def family_key(shape: Shape, ep: int, zero: int) -> tuple[object, ...]:
 
 def parts_key(shape: Shape, ep: int) -> tuple[object, ...]:
     """Candidates that share their micro-batch parts (:class:`MicrobatchTime`) up to the pp scaling: the
-    ZeRO stage, vpp and dp change only what :func:`assemble` adds."""
+    ZeRO stage, vpp and dp change only what :func:`frenzy_opt.prediction.stepeval.assemble` adds."""
     return (shape.tp, shape.cp, shape.micro_batch_size, shape.recompute, shape.sequence_parallel, ep)
 
 
@@ -162,7 +162,12 @@ def follower_bound(step: StepTime) -> float:
     (module docstring): its compute, bubble, optimizer, sends and fixed costs. More recompute only adds to
     the micro-batch's layers, and those parts grow with them; the collectives and the data-parallel traffic
     are left out because longer layers hide more of them."""
-    return step.compute_s + step.bubble_s + step.optimizer_s + step.pipeline_p2p_s + step.overhead_s
+    return _follower_bound(step.compute_s, step.bubble_s, step.optimizer_s, step.pipeline_p2p_s, step.overhead_s)
+
+
+def _follower_bound(compute: float, bubble: float, optimizer: float, p2p: float, overhead: float) -> float:
+    """:func:`follower_bound` of a step time's parts (:func:`step_parts`)."""
+    return compute + bubble + optimizer + p2p + overhead
 
 
 class ShapeSpace:
@@ -243,6 +248,7 @@ class GroupBestFirst:
         # Runtimes that balance their stages by cost spread the output layer (RuntimeProfile).
         self.balanced = profile(job.training.runtime).balanced_pipeline_stages
         self.refs: dict[tuple[object, ...], StepTerms] = {}
+        self.views: dict[tuple[tuple[object, ...], int, int], _DpView] = {}
         self.parts: dict[tuple[object, ...], tuple[MicrobatchTime, int]] = {}
         self.scaled: dict[tuple[object, ...], MicrobatchTime] = {}
         self.per_slot: dict[tuple[int, int, str], float] = {}
@@ -371,16 +377,24 @@ class GroupBestFirst:
         index, dp, ep, zero = key
         shape = self.shapes[index]
         fkey = family_key(shape, ep, zero)
-        ref = self.refs.get(fkey)
-        if ref is None:
-            ref = self.refs[fkey] = self._terms(key)
+        vkey = (fkey, shape.pp, dp)  # the view reads neither the recompute mode nor the GPU
+        view = self.views.get(vkey)
+        if view is None:
+            ref = self.refs.get(fkey)
+            if ref is None:
+                ref = self.refs[fkey] = self._terms(key)
+            view = self.views[vkey] = _view(self.group, ref, shape.pp, dp)
         group = self.group
-        step = assemble(_view(group, ref, shape.pp, dp), self._scaled(key, name), group.links[name], group.step_model)
+        # assemble()'s parts without its StepTime: the total summed in StepTime.total_s's order (assembled_total_s)
+        compute, bubble, intra, p2p, exposed, optimizer, overhead = step_parts(
+            view, self._scaled(key, name), group.links[name], group.step_model
+        )
+        total = compute + bubble + intra + p2p + exposed + optimizer + overhead
         rank = self.ranks[index]
-        entries = [(step.total_s * (1 - ROUNDING), rank, next(self.sequence), _ESTIMATE, key)]
+        entries = [(total * (1 - ROUNDING), rank, next(self.sequence), _ESTIMATE, key)]
         follower = self.successor[index]
         if follower is not None:
-            bound = follower_bound(step) * (1 - ROUNDING)
+            bound = _follower_bound(compute, bubble, optimizer, p2p, overhead) * (1 - ROUNDING)
             entries.append((bound, rank + 1, next(self.sequence), _BOUND, (follower, dp, ep, zero)))
         return entries
 
