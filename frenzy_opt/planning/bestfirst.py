@@ -265,6 +265,8 @@ class GroupBestFirst:
         followers = {i for i in self.successor if i is not None}
         admit = self.admit
         wanted: dict[int, list[str]] = {}  # the GPUs admit accepts, per GPU count
+        heaps_at: dict[int, list[tuple[str, list[_Entry]]]] = {}  # and their heaps, once a candidate enters
+        sequence = self.sequence
         for index, shape in enumerate(self.shapes):
             if index in followers:
                 continue
@@ -280,7 +282,9 @@ class GroupBestFirst:
                 if first is None:
                     continue
                 rank = self.ranks[first]
-                heaps = [(name, pools.setdefault((name, count), [])) for name in names]
+                heaps = heaps_at.get(count)
+                if heaps is None:
+                    heaps = heaps_at[count] = [(name, pools.setdefault((name, count), [])) for name in names]
                 bounds: dict[tuple[int, str], float] = {}  # the bound does not read the ZeRO stage
                 for ep, zero in self.space.layouts(shape, dp):
                     key = (first, dp, ep, zero)
@@ -288,7 +292,7 @@ class GroupBestFirst:
                         seconds = bounds.get((ep, name))
                         if seconds is None:
                             seconds = bounds[(ep, name)] = self._bound_s(key, name)
-                        heap.append((seconds, rank, next(self.sequence), _BOUND, key))
+                        heap.append((seconds, rank, next(sequence), _BOUND, key))
         winners = []
         for (name, _), heap in sorted(pools.items()):
             heapq.heapify(heap)
