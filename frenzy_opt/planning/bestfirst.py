@@ -45,12 +45,14 @@ those (:func:`frenzy_opt.planning.fastest.fastest_plans`).
 from __future__ import annotations
 
 import heapq
+import itertools
 from collections.abc import Callable
+from dataclasses import replace
 from typing import NamedTuple
 
 from frenzy_opt.core.plan import Plan
 from frenzy_opt.core.runtime_profile import profile
-from frenzy_opt.core.spec import ParallelConfig
+from frenzy_opt.core.spec import JobSpec, ParallelConfig
 from frenzy_opt.hardware.gpus import GpuType
 from frenzy_opt.planning.candidates import (
     RECOMPUTE_ORDER,
@@ -63,11 +65,12 @@ from frenzy_opt.planning.candidates import (
 )
 from frenzy_opt.planning.group import Candidate, GpuGroup
 from frenzy_opt.planning.plans import rank_key
-from frenzy_opt.prediction.stepeval import MicrobatchTime, StepTime, assemble, microbatch_time, per_microbatch_s
+from frenzy_opt.prediction.stepeval import MicrobatchTime, StepTime, microbatch_time, per_microbatch_s, step_parts
 from frenzy_opt.prediction.stepterms import StepTerms, cached_step_terms
 
 Admit = Callable[[str, int], bool]
-"""Whether a (GPU type, GPU count) is wanted at all (e.g. the placement rule places that many GPUs)."""
+"""Whether a (GPU type, GPU count) is wanted at all (e.g. the placement rule places that many GPUs); a pure
+function (a search may ask once per pair and keep the answer)."""
 
 ROUNDING = 1e-9
 """Relative slack of an estimate's heap key: the estimate reassociates the step time's floating-point sums
@@ -106,7 +109,7 @@ def family_key(shape: Shape, ep: int, zero: int) -> tuple[object, ...]:
 
 def parts_key(shape: Shape, ep: int) -> tuple[object, ...]:
     """Candidates that share their micro-batch parts (:class:`MicrobatchTime`) up to the pp scaling: the
-    ZeRO stage, vpp and dp change only what :func:`assemble` adds."""
+    ZeRO stage, vpp and dp change only what :func:`frenzy_opt.prediction.stepeval.assemble` adds."""
     return (shape.tp, shape.cp, shape.micro_batch_size, shape.recompute, shape.sequence_parallel, ep)
 
 
@@ -159,12 +162,64 @@ def follower_bound(step: StepTime) -> float:
     (module docstring): its compute, bubble, optimizer, sends and fixed costs. More recompute only adds to
     the micro-batch's layers, and those parts grow with them; the collectives and the data-parallel traffic
     are left out because longer layers hide more of them."""
-    return step.compute_s + step.bubble_s + step.optimizer_s + step.pipeline_p2p_s + step.overhead_s
+    return _follower_bound(step.compute_s, step.bubble_s, step.optimizer_s, step.pipeline_p2p_s, step.overhead_s)
+
+
+def _follower_bound(compute: float, bubble: float, optimizer: float, p2p: float, overhead: float) -> float:
+    """:func:`follower_bound` of a step time's parts (:func:`step_parts`)."""
+    return compute + bubble + optimizer + p2p + overhead
+
+
+class ShapeSpace:
+    """A job's shapes on ``gpus_per_node``-GPU nodes and at most ``max_gpus`` GPUs (:func:`shapes`), with what the
+    best-first search reads of each: its dp choices, its recompute's rank in :data:`RECOMPUTE_ORDER`, its follower
+    (the same layout with the next recompute), and its (ep, ZeRO stage) pairs per dp. They read the model, the
+    training config and the pinned fields, not the GPU or its attention kernel, so the searches of the GPU
+    groups of one training config, node size and GPU count may share one
+    (:func:`frenzy_opt.planning.fastest.fastest_plans`)."""
+
+    def __init__(self, job: JobSpec, gpus_per_node: int, max_gpus: int) -> None:
+        self.job, self.gpus_per_node, self.max_gpus = job, gpus_per_node, max_gpus
+        self.shapes = list(shapes(job, gpus_per_node, max_gpus))
+        # dp choices depend on the micro-batch, the model-parallel GPUs, pp and vpp only (not the recompute mode).
+        by_kind: dict[tuple[int, int, int, int], list[int]] = {}
+        self.dps: list[list[int]] = []
+        for shape in self.shapes:
+            kind = (shape.micro_batch_size, shape.model_gpus, shape.pp, shape.vpp)
+            found = by_kind.get(kind)
+            if found is None:
+                found = by_kind[kind] = dp_choices(job, shape, max_gpus)
+            self.dps.append(found)
+        self.ranks = [RECOMPUTE_ORDER.index(shape.recompute) for shape in self.shapes]
+        # The next shape with the same layout and the next recompute in RECOMPUTE_ORDER (shapes() makes the
+        # recompute the innermost choice).
+        self.successor: list[int | None] = [None] * len(self.shapes)
+        for i in range(len(self.shapes) - 1):
+            a, b = self.shapes[i], self.shapes[i + 1]
+            if _same_layout(a, b) and self.ranks[i + 1] > self.ranks[i]:
+                self.successor[i] = i + 1
+        self._layouts: dict[tuple[int, int, int, int], list[tuple[int, int]]] = {}
+
+    def matches(self, job: JobSpec, gpus_per_node: int, max_gpus: int) -> bool:
+        """Whether this is the space of ``job`` (its attention kernel aside) on such nodes and GPU count."""
+        mine = self.job
+        return (mine.model, mine.training, mine.pinned, mine.parallel) == (
+            job.model, job.training, job.pinned, replace(job.parallel, attention=mine.parallel.attention)
+        ) and (self.gpus_per_node, self.max_gpus) == (gpus_per_node, max_gpus)  # fmt: skip
+
+    def layouts(self, shape: Shape, dp: int) -> list[tuple[int, int]]:
+        """:func:`layout_choices`, which depends on the shape's tp, pp and cp only."""
+        lkey = (shape.tp, shape.pp, shape.cp, dp)
+        found = self._layouts.get(lkey)
+        if found is None:
+            found = self._layouts[lkey] = layout_choices(self.job, shape, dp)
+        return found
 
 
 class GroupBestFirst:
-    """The best-first search (module docstring) over one GPU group; ``floors`` may be shared with the searches
-    of other groups of the same training config (:class:`ShapeFloors`)."""
+    """The best-first search (module docstring) over one GPU group; ``floors`` and ``space`` may be shared with
+    the searches of other groups of the same training config (:class:`ShapeFloors`), and of the same node size
+    and GPU count (:class:`ShapeSpace`)."""
 
     def __init__(
         self,
@@ -174,6 +229,7 @@ class GroupBestFirst:
         max_gpus: int,
         admit: Admit | None,
         floors: ShapeFloors | None = None,
+        space: ShapeSpace | None = None,
     ) -> None:
         self.group, self.headroom = group, headroom
         if floors is None:
@@ -183,69 +239,60 @@ class GroupBestFirst:
         self.admit = admit
         self.gpus = {gpu.name: gpu for link_gpus in group.by_link for gpu in link_gpus}
         job = group.base
-        self.shapes = list(shapes(job, gpus_per_node, max_gpus))
-        # dp choices depend on the micro-batch, the model-parallel GPUs, pp and vpp only (not the recompute mode).
-        by_kind: dict[tuple[int, int, int, int], list[int]] = {}
-        self.dps = []
-        for shape in self.shapes:
-            kind = (shape.micro_batch_size, shape.model_gpus, shape.pp, shape.vpp)
-            found = by_kind.get(kind)
-            if found is None:
-                found = by_kind[kind] = dp_choices(job, shape, max_gpus)
-            self.dps.append(found)
+        if space is None:
+            space = ShapeSpace(job, gpus_per_node, max_gpus)
+        assert space.matches(job, gpus_per_node, max_gpus), "shape space shared across jobs or GPU counts"
+        self.space = space
+        self.shapes, self.dps, self.ranks, self.successor = space.shapes, space.dps, space.ranks, space.successor
         self.training = job.training
         # Runtimes that balance their stages by cost spread the output layer (RuntimeProfile).
         self.balanced = profile(job.training.runtime).balanced_pipeline_stages
         self.refs: dict[tuple[object, ...], StepTerms] = {}
+        self.views: dict[tuple[tuple[object, ...], int, int], _DpView] = {}
         self.parts: dict[tuple[object, ...], tuple[MicrobatchTime, int]] = {}
         self.scaled: dict[tuple[object, ...], MicrobatchTime] = {}
-        self.per_slot: dict[tuple[object, ...], float] = {}
-        self.layouts: dict[tuple[int, int, int, int], list[tuple[int, int]]] = {}
+        self.per_slot: dict[tuple[int, int, str], float] = {}
         self.configs: dict[_Key, ParallelConfig] = {}
         self.candidates: dict[_Key, Candidate] = {}
         self.gates: list[bool | None] = [None] * len(self.shapes)
         self.levels: dict[tuple[int, int], bool] = {}
         self.maybe: dict[tuple[int, int], bool] = {}
         self.floor_values: list[dict[int, float] | None] = [None] * len(self.shapes)
-        self.sequence = 0
-        # The next shape with the same layout and the next recompute in RECOMPUTE_ORDER (shapes() makes the
-        # recompute the innermost choice).
-        self.successor: list[int | None] = [None] * len(self.shapes)
-        for i in range(len(self.shapes) - 1):
-            a, b = self.shapes[i], self.shapes[i + 1]
-            if _same_layout(a, b) and RECOMPUTE_ORDER.index(b.recompute) > RECOMPUTE_ORDER.index(a.recompute):
-                self.successor[i] = i + 1
+        self.sequence = itertools.count(1)  # heap entries tied on key and recompute pop in the order pushed
 
     def run(self) -> list[Plan]:
         pools: dict[tuple[str, int], list[_Entry]] = {}
         followers = {i for i in self.successor if i is not None}
         admit = self.admit
+        wanted: dict[int, list[str]] = {}  # the GPUs admit accepts, per GPU count
+        heaps_at: dict[int, list[tuple[str, list[_Entry]]]] = {}  # and their heaps, once a candidate enters
+        sequence = self.sequence
         for index, shape in enumerate(self.shapes):
             if index in followers:
                 continue
+            model_gpus = shape.model_gpus
             for dp in self.dps[index]:
-                count = dp * shape.model_gpus
-                names = [name for name in self.gpus if admit is None or admit(name, count)]
+                count = dp * model_gpus
+                names = wanted.get(count)
+                if names is None:
+                    names = wanted[count] = [name for name in self.gpus if admit is None or admit(name, count)]
                 if not names:
                     continue
-                # The least recompute whose shape passes its memory floors enters (at its own bound); those
-                # below them have no plan (nearly every candidate comes first in some heap, so the floors are
-                # worked out here rather than on demand). Recompute does not change the layouts or the dps.
-                first: int | None = index
-                while first is not None and not (self._gate(first) and self._floor(first, dp)):
-                    first = self.successor[first]
+                first = self._entering(index, dp)
                 if first is None:
                     continue
-                rank = RECOMPUTE_ORDER.index(self.shapes[first].recompute)
-                heaps = [(name, pools.setdefault((name, count), [])) for name in names]
+                rank = self.ranks[first]
+                heaps = heaps_at.get(count)
+                if heaps is None:
+                    heaps = heaps_at[count] = [(name, pools.setdefault((name, count), [])) for name in names]
                 bounds: dict[tuple[int, str], float] = {}  # the bound does not read the ZeRO stage
-                for ep, zero in self._layouts(shape, dp):
+                for ep, zero in self.space.layouts(shape, dp):
                     key = (first, dp, ep, zero)
                     for name, heap in heaps:
                         seconds = bounds.get((ep, name))
                         if seconds is None:
                             seconds = bounds[(ep, name)] = self._bound_s(key, name)
-                        heap.append((seconds, rank, self._next(), _BOUND, key))
+                        heap.append((seconds, rank, next(sequence), _BOUND, key))
         winners = []
         for (name, _), heap in sorted(pools.items()):
             heapq.heapify(heap)
@@ -268,7 +315,7 @@ class GroupBestFirst:
                 elif (follower := self.successor[key[0]]) is not None:
                     # Below the shape's memory floor (at its largest dp or this one): no plan, but the next
                     # recompute needs less memory. This bound bounds the follower's step time too (follower_bound).
-                    heapq.heappush(heap, (seconds, rank + 1, self._next(), _BOUND, (follower, *key[1:])))
+                    heapq.heappush(heap, (seconds, rank + 1, next(self.sequence), _BOUND, (follower, *key[1:])))
                 continue
             if state == _ESTIMATE:
                 if self._possible(key, gpu):
@@ -279,10 +326,6 @@ class GroupBestFirst:
                 found = (seconds, rank)
                 ties.append(plan)
         return min(ties, key=rank_key) if ties else None
-
-    def _next(self) -> int:
-        self.sequence += 1
-        return self.sequence
 
     def _config(self, key: _Key) -> ParallelConfig:
         config = self.configs.get(key)
@@ -322,7 +365,7 @@ class GroupBestFirst:
         slot (no collectives, data-parallel traffic or optimizer step), less :data:`ROUNDING`."""
         index, dp = key[0], key[1]
         shape = self.shapes[index]
-        skey = (*parts_key(shape, key[2]), name, shape.pp, shape.vpp)
+        skey = (index, key[2], name)  # the shape (all of parts_key, pp and vpp), ep and the GPU
         per_slot = self.per_slot.get(skey)
         if per_slot is None:
             scaled = self._scaled(key, name)
@@ -338,24 +381,31 @@ class GroupBestFirst:
         index, dp, ep, zero = key
         shape = self.shapes[index]
         fkey = family_key(shape, ep, zero)
-        ref = self.refs.get(fkey)
-        if ref is None:
-            ref = self.refs[fkey] = self._terms(key)
+        vkey = (fkey, shape.pp, dp)  # the view reads neither the recompute mode nor the GPU
+        view = self.views.get(vkey)
+        if view is None:
+            ref = self.refs.get(fkey)
+            if ref is None:
+                ref = self.refs[fkey] = self._terms(key)
+            view = self.views[vkey] = _view(self.group, ref, shape.pp, dp)
         group = self.group
-        step = assemble(_view(group, ref, shape.pp, dp), self._scaled(key, name), group.links[name], group.step_model)
-        rank = RECOMPUTE_ORDER.index(shape.recompute)
-        entries = [(step.total_s * (1 - ROUNDING), rank, self._next(), _ESTIMATE, key)]
+        # assemble()'s parts without its StepTime: the total summed in StepTime.total_s's order (assembled_total_s)
+        compute, bubble, intra, p2p, exposed, optimizer, overhead = step_parts(
+            view, self._scaled(key, name), group.links[name], group.step_model
+        )
+        total = compute + bubble + intra + p2p + exposed + optimizer + overhead
+        rank = self.ranks[index]
+        entries = [(total * (1 - ROUNDING), rank, next(self.sequence), _ESTIMATE, key)]
         follower = self.successor[index]
         if follower is not None:
-            bound = follower_bound(step) * (1 - ROUNDING)
-            entries.append((bound, rank + 1, self._next(), _BOUND, (follower, dp, ep, zero)))
+            bound = _follower_bound(compute, bubble, optimizer, p2p, overhead) * (1 - ROUNDING)
+            entries.append((bound, rank + 1, next(self.sequence), _BOUND, (follower, dp, ep, zero)))
         return entries
 
     def _exact(self, key: _Key, gpu: GpuType) -> _Entry:
         group = self.group
         step = self._terms(key).evaluate(gpu, group.links[gpu.name], group.step_model, group.rates[gpu.name])
-        recompute = RECOMPUTE_ORDER.index(self.shapes[key[0]].recompute)
-        return (step.total_s, recompute, self._next(), _EXACT, key)
+        return (step.total_s, self.ranks[key[0]], next(self.sequence), _EXACT, key)
 
     def _candidate(self, key: _Key) -> Candidate:
         candidate = self.candidates.get(key)
@@ -375,6 +425,25 @@ class GroupBestFirst:
         candidate.seconds.setdefault(gpu.name, seconds)
         return self.group.resolve(candidate, gpu, self.headroom)
 
+    def _entering(self, index: int, dp: int) -> int | None:
+        """The shape of ``index``'s layout that enters the heaps at ``dp``: the least recompute whose shape passes
+        its memory floors (:meth:`_gate` and :meth:`_floor`) enters, at its own bound; those below them have no
+        plan (nearly every candidate comes first in some heap, so the floors are worked out as the heaps are
+        built rather than on demand). Recompute does not change the layouts or the dps."""
+        successor, floor_values, capacity = self.successor, self.floor_values, self.group.capacity
+        first: int | None = index
+        while first is not None:
+            if self._gate(first):
+                values = floor_values[first]  # the gate has read the shape's floors
+                assert values is not None
+                value = values.get(dp)
+                if value is None:
+                    value = self.shape_floors.at(self.shapes[first], values, dp)
+                if value <= capacity:
+                    return first
+            first = successor[first]
+        return None
+
     def _gate(self, index: int) -> bool:
         """Whether the shape's memory floor at its largest dp fits (the full search's test of the shape)."""
         passed = self.gates[index]
@@ -389,7 +458,10 @@ class GroupBestFirst:
         values = self.floor_values[index]
         if values is None:
             values = self.floor_values[index] = self.shape_floors.of(self.shapes[index])
-        return self.shape_floors.at(self.shapes[index], values, dp) <= self.group.capacity
+        value = values.get(dp)
+        if value is None:
+            value = self.shape_floors.at(self.shapes[index], values, dp)
+        return value <= self.group.capacity
 
     def _possible(self, key: _Key, gpu: GpuType) -> bool:
         """A necessary condition for the candidate (its shape's floors passed) to have a plan on ``gpu`` that the
@@ -405,18 +477,10 @@ class GroupBestFirst:
         if fits is None:
             fits = self.maybe[(index, dp)] = any(
                 self.group.may_fit(self._candidate((index, dp, ep, zero)), gpu, self.headroom)
-                for ep, zero in self._layouts(self.shapes[index], dp)
+                for ep, zero in self.space.layouts(self.shapes[index], dp)
                 for gpu in self.gpus.values()
             )
         return fits
-
-    def _layouts(self, shape: Shape, dp: int) -> list[tuple[int, int]]:
-        """:func:`layout_choices`, which depends on the shape's tp, pp and cp only."""
-        lkey = (shape.tp, shape.pp, shape.cp, dp)
-        found = self.layouts.get(lkey)
-        if found is None:
-            found = self.layouts[lkey] = layout_choices(self.group.base, shape, dp)
-        return found
 
     def _reached(self, index: int, dp: int) -> bool:
         """Whether the full search's dp scan of the shape evaluates ``dp``: dp = 1 always, a dp >= 2 when every
@@ -431,7 +495,7 @@ class GroupBestFirst:
             shape = self.shapes[index]
             fits = self.levels[(index, dp)] = any(
                 self.group.resolve(self._candidate((index, dp, ep, zero)), gpu, self.headroom) is not None
-                for ep, zero in self._layouts(shape, dp)
+                for ep, zero in self.space.layouts(shape, dp)
                 for gpu in self.gpus.values()
             )
         return fits

@@ -282,10 +282,11 @@ def shape_floor(job: JobSpec, shape: Shape, ep: int, *, multi: bool) -> ShapeFlo
 class ShapeFloors:
     """The memory floors of a job's shapes (:func:`lower_bound`), and the parts they share, each worked out
     once: the first stage's layers per (pp, vpp), the parameters per (tp, ep, pp, layers), the state layout
-    with one data-parallel rank or more, the activations per (micro-batch, tp, cp, ep, sequence parallelism,
-    recompute). A floor reads the model, the training config and the pinned stage split, not the GPU or its
-    attention kernel (flash attention's activations bound any kernel's), so the searches of GPU groups with
-    one training config may share one (:class:`frenzy_opt.planning.bestfirst.GroupBestFirst`)."""
+    with one data-parallel rank or more, the model states per (tp, ep, pp, layers, dp > 1, state shards), the
+    micro-batches in flight per (pp, vpp, micro-batch count), the activations per (micro-batch, tp, cp, ep,
+    sequence parallelism, recompute). A floor reads the model, the training config and the pinned stage split,
+    not the GPU or its attention kernel (flash attention's activations bound any kernel's), so the searches of GPU
+    groups with one training config may share one (:class:`frenzy_opt.planning.bestfirst.GroupBestFirst`)."""
 
     def __init__(self, job: JobSpec) -> None:
         self.job = job
@@ -296,6 +297,8 @@ class ShapeFloors:
         self._params: dict[tuple[int, int, int, int], tuple[float, float]] = {}
         self._layouts: dict[bool, StateLayout] = {}
         self._acts: dict[tuple[int, int, int, int, bool, str], tuple[float, float]] = {}
+        self._states: dict[tuple[int, int, int, int, bool, int], float] = {}
+        self._in_flight: dict[tuple[int, int, int], float] = {}
 
     def of(self, shape: Shape) -> dict[int, float]:
         """The shape's floors by dp worked out so far (:meth:`at` adds to it)."""
@@ -312,11 +315,32 @@ class ShapeFloors:
         """:func:`lower_bound` of the shape at ``dp``, kept in ``values`` (the shape's :meth:`of`)."""
         value = values.get(dp)
         if value is None:
-            ep = self.eps.get(dp)
-            if ep is None:
-                ep = self.eps[dp] = floor_ep(self.job, dp)
-            value = values[dp] = self.floor(shape, ep, multi=dp > 1).at(self.job, shape, dp)
+            value = values[dp] = self._value(shape, dp)
         return value
+
+    def _value(self, shape: Shape, dp: int) -> float:
+        """:meth:`ShapeFloor.at` of the shape's floor at ``dp``: the same arithmetic in the same order, from the
+        terms the shapes share (class docstring) rather than from a :class:`ShapeFloor` per shape."""
+        ep = self.eps.get(dp)
+        if ep is None:
+            ep = self.eps[dp] = floor_ep(self.job, dp)
+        pp, multi, shards = shape.pp, dp > 1, dp * shape.cp
+        chunks, layers = self._chunks_of(shape)
+        skey = (shape.tp, ep, pp, layers, multi, shards)
+        states = self._states.get(skey)
+        if states is None:
+            dense, expert = self._params_of(shape, ep, layers)
+            layout = self._layout_of(multi)
+            states = self._states[skey] = dense * sum(layout.per_param(shards)) + expert * sum(
+                layout.per_param(max(shards // ep, 1))
+            )
+        microbatches = self.job.training.num_micro_batches(dp, shape.micro_batch_size)
+        fkey = (pp, shape.vpp, microbatches)
+        in_flight = self._in_flight.get(fkey)
+        if in_flight is None:
+            in_flight = self._in_flight[fkey] = in_flight_layer_microbatches(chunks, 0, pp, microbatches)
+        layer_activations, loss = self._acts_of(shape, ep)
+        return states + in_flight * layers * layer_activations + (loss if pp == 1 else 0)
 
     def floor(self, shape: Shape, ep: int, *, multi: bool) -> ShapeFloor:
         """:class:`ShapeFloor` of a shape at expert parallelism ``ep``, with more than one data-parallel rank
@@ -325,31 +349,46 @@ class ShapeFloors:
         found = self.floors.get(key)
         if found is not None:
             return found
-        arch, training = self.job.model, self.job.training
         chunks, layers = self._chunks_of(shape)
+        dense, expert = self._params_of(shape, ep, layers)
+        layer_activations, loss = self._acts_of(shape, ep)
+        found = self.floors[key] = ShapeFloor(chunks=chunks, layers=layers, dense=dense, expert=expert,
+                                              layout=self._layout_of(multi), layer_activations=layer_activations,
+                                              loss=loss if shape.pp == 1 else 0, ep=ep)  # fmt: skip
+        return found
+
+    def _params_of(self, shape: Shape, ep: int, layers: int) -> tuple[float, float]:
+        """The first stage's dense and expert parameters, per (tp, ep, pp, layers)."""
         pkey = (shape.tp, ep, shape.pp, layers)
         params = self._params.get(pkey)
         if params is None:
-            terms = param_terms(arch, shape.tp, ep, shape.pp, layers, True, shape.pp == 1)
+            terms = param_terms(self.job.model, shape.tp, ep, shape.pp, layers, True, shape.pp == 1)
             params = self._params[pkey] = (terms.params - terms.expert_params, terms.expert_params)
+        return params
+
+    def _layout_of(self, multi: bool) -> StateLayout:
+        """The state layout at the runtime's deepest ZeRO stage, with more than one data-parallel rank or one."""
         layout = self._layouts.get(multi)
         if layout is None:
+            training = self.job.training
             zero = max(ZERO_STAGES_BY_RUNTIME[training.runtime])
             layout = self._layouts[multi] = state_layout_for(
                 training.runtime, training.precision, training.optimizer, zero, multi, fp8_param_gather(training, zero)
             )
+        return layout
+
+    def _acts_of(self, shape: Shape, ep: int) -> tuple[float, float]:
+        """A layer's activations and the loss's (forward and backward), per (micro-batch, tp, cp, ep, sequence
+        parallelism, recompute)."""
         akey = (shape.micro_batch_size, shape.tp, shape.cp, ep, shape.sequence_parallel, shape.recompute)
         acts = self._acts.get(akey)
         if acts is None:
             # Flash attention keeps the least of the two kernels, so its activations bound any attention choice.
             mb, sp = shape.micro_batch_size, shape.sequence_parallel
-            a = activation_terms_for(arch, training, micro_batch_size=mb, tp=shape.tp, cp=shape.cp, ep=ep, sp=sp,
-                                     recompute=shape.recompute)  # fmt: skip
+            a = activation_terms_for(self.job.model, self.job.training, micro_batch_size=mb, tp=shape.tp,
+                                     cp=shape.cp, ep=ep, sp=sp, recompute=shape.recompute)  # fmt: skip
             acts = self._acts[akey] = (a.layer, a.loss + a.loss_backward)
-        found = self.floors[key] = ShapeFloor(chunks=chunks, layers=layers, dense=params[0], expert=params[1],
-                                              layout=layout, layer_activations=acts[0],
-                                              loss=acts[1] if shape.pp == 1 else 0, ep=ep)  # fmt: skip
-        return found
+        return acts
 
     def _chunks_of(self, shape: Shape) -> tuple[tuple[int, ...], int]:
         """The first stage's chunks' layers and their sum (the pinned split applies at the pinned pp)."""

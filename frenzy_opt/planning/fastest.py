@@ -38,7 +38,7 @@ from frenzy_opt.core.plan import Plan
 from frenzy_opt.core.spec import JobSpec, ParallelConfig, TrainingConfig
 from frenzy_opt.hardware.cluster import ClusterSpec
 from frenzy_opt.hardware.gpus import GpuType
-from frenzy_opt.planning.bestfirst import Admit, GroupBestFirst
+from frenzy_opt.planning.bestfirst import Admit, GroupBestFirst, ShapeSpace
 from frenzy_opt.planning.candidates import (
     RECOMPUTE_ORDER,
     Shape,
@@ -82,11 +82,16 @@ def fastest_plans(
     headroom = headroom_of(job, headroom, fit)
     winners: list[Plan] = []
     floors: dict[TrainingConfig, ShapeFloors] = {}  # the groups' shared memory floors, per training config
+    spaces: dict[tuple[TrainingConfig, int, int], ShapeSpace] = {}  # and their shapes, per node size and count
     for (precision, gpus_per_node, max_gpus, attention), gpus in gpu_groups(job, cluster).items():
         group = GpuGroup(job, gpus, precision, attention, cluster, cuda=cuda, step_model=step_model, fit=fit)
         shared = floors.setdefault(group.base.training, ShapeFloors(group.base))
         if plan_filter is None and not step_model.profiles:
-            winners += GroupBestFirst(group, headroom, gpus_per_node, max_gpus, admit, shared).run()
+            space = spaces.get((group.base.training, gpus_per_node, max_gpus))
+            if space is None:
+                space = spaces[(group.base.training, gpus_per_node, max_gpus)] = ShapeSpace(group.base, gpus_per_node,
+                                                                                           max_gpus)  # fmt: skip
+            winners += GroupBestFirst(group, headroom, gpus_per_node, max_gpus, admit, shared, space).run()
             continue
         search = _GroupSearch(group, headroom, plan_filter, admit)
         for shape in shapes(job, gpus_per_node, max_gpus):
