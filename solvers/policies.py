@@ -141,6 +141,7 @@ class FrenzyPolicy(_Base):
             queue_price=self.queue_price,
             patient=self.patient,
             priced_jobs=self.priced_jobs,
+            max_restarts=self.max_restarts,
         )
 
     def _step_s(self, job: SimJob, option: Option) -> float:

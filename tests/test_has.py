@@ -395,3 +395,39 @@ def test_round_based_policies_leave_a_job_its_spec_keeps_in_place() -> None:
         result = Simulator(TOPOLOGY, jobs, policy).run()  # type: ignore[arg-type]
         assert set(policy.stops) == ({"first"} if preemptible else set())
         assert result.jobs["first"].end_s is not None and result.jobs["second"].end_s is not None
+
+
+def test_impatient_a_job_that_can_still_grow_starts_now_and_one_that_cannot_waits_for_its_cheapest() -> None:
+    """Impatient, a job that fits now starts now unless a wait costs under WAIT_GAIN of that start (it may grow
+    later); a job review can no longer move (not preemptible, or at its bound on stops) chooses as if patient."""
+    options = (_option(16, 100.0), _option(8, 2_000.0))  # all 16 GPUs after the 1,000 s run: 1,100 s; 8 now: 2,000 s
+
+    def chosen(**fields: object) -> int | None:
+        state = GreedyState(SchedulingProblem(topology=TOPOLOGY, jobs=()), patient=False, max_restarts=2)
+        state.occupy("busy", (0,), 8, 1_000.0)
+        state.restarts["x"] = int(fields.pop("restarts", 0))  # type: ignore[call-overload]
+        state.queue["x"] = _job("x", options, **fields)
+        started = state.decide(0.0)
+        return started[0].option.num_gpus if started else None
+
+    assert chosen() == 8  # 1,100 s waited is not under half of 2,000 s: it starts now (and may grow)
+    assert chosen(preemptible=False) is None  # it waits for the 16 GPUs, its cheapest
+    assert chosen(restarts=2) is None  # at max_restarts
+    assert chosen(restarts=1, max_moves=1) is None  # at its spec's max_moves
+    assert chosen(restarts=1) == 8
+
+
+def test_impatient_a_job_whose_wait_is_not_planned_does_not_start_a_plan_a_wait_could_beat() -> None:
+    """Past the jobs whose waits a decision plans, a job starts now only on a plan within 1 / WAIT_GAIN of the
+    least any of its options would cost started now (on cluster2048-llm, 13B jobs took 4 GPUs for 29 h when 64
+    would have run them in 0.9 h)."""
+    state = GreedyState(SchedulingProblem(topology=TOPOLOGY, jobs=()), patient=False)
+    state.occupy("busy", (0,), 8, 10_000.0)
+    # A higher class first: it waits for all 16 GPUs and reserves the type, so later waits go unplanned.
+    state.queue["first"] = _job("first", (_option(16, 1_000.0),), priority=1)
+    state.queue["x"] = _job("x", (_option(16, 10.0), _option(1, 9_000.0)))  # 1 GPU ends before the reservation
+    assert state.decide(0.0) == []
+    assert "x" not in state.waiting  # unplanned: the next decision looks again
+    # The same job with a plan now within 1 / WAIT_GAIN of its 16-GPU run starts on it.
+    state.queue["y"] = _job("y", (_option(16, 10.0), _option(1, 15.0)))
+    assert [(a.job, a.option.num_gpus) for a in state.decide(0.0)] == [("y", 1)]

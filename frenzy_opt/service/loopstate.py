@@ -100,7 +100,9 @@ class LoopState:
         """Whether the HAS may stop running jobs for shorter ones (:meth:`GreedyState.review`): only with an
         executor whose stopped attempts resume where they stopped."""
         self.max_restarts = max_restarts
-        self.state = GreedyState(SchedulingProblem(topology=self.topology, jobs=()), patient=not self.preempt)
+        self.state = GreedyState(
+            SchedulingProblem(topology=self.topology, jobs=()), patient=not self.preempt, max_restarts=max_restarts
+        )
         self.jobs: dict[str, Job] = {}
         """The active jobs, one record each."""
         self.quotas = Quotas(quotas or {}, lambda job_id: self.jobs[job_id].tenant)
