@@ -620,7 +620,7 @@ class GreedyState:
         bounds = [weight * duration + used for duration, used in zip(durations, useds, strict=True)]
         fit: _Choice | None = None  # the cheapest option that fits now so far
         wait: _Choice | None = None  # the cheapest wait so far
-        fit_cost = wait_cost = limit = float("inf")  # limit: what an option must cost less than to matter
+        fit_cost = wait_cost = limit = floor = float("inf")  # limit: what an option must cost less than to matter
         for i in sorted(range(len(rows)), key=bounds.__getitem__):
             if limit < bounds[i]:
                 break  # this option and every one after it cost too much to change the choice (a tie may)
@@ -628,6 +628,8 @@ class GreedyState:
             if admit is not None and not admit.allows(job.id, option):
                 refused = True
                 continue
+            if not admitted:
+                floor = bounds[i]  # the least any admitted option costs started now (they come cheapest first)
             admitted = True
             wait_limit = wait_cost if fit is None else min(wait_cost, gain * fit_cost)
             # a wait costs at least the bound: past the wait limit only a start now can matter
@@ -649,7 +651,7 @@ class GreedyState:
         if wait is not None and (fit is None or wait_cost < gain * fit_cost):
             return wait
         if fit is not None:
-            if now_only and gain * fit_cost > min(bounds):
+            if now_only and gain * fit_cost > floor:
                 # A wait it did not plan could beat this start by the rule above: leave it to a decision that plans
                 # its wait rather than commit it to the plan (module docstring, "A decision's work is bounded").
                 return _NoChoice.UNPLANNED

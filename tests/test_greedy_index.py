@@ -353,7 +353,7 @@ class _Checked(GreedyState):
     def _choose(self, job: ProblemJob, round_: _Round, admit: Admission | None) -> _Choice | _NoChoice:
         chosen = super()._choose(job, round_, admit)
         gain, now_only = 1.0, False
-        if not self.patient:
+        if not self.patient and not self._settled(job):
             gain = WAIT_GAIN
             room = any(self.free[t].count >= n for t, n in self._ordered.fewest[job.id].items())
             plan_wait = (
@@ -366,6 +366,7 @@ class _Checked(GreedyState):
         price, per_work = self.prices.price, self.queue_price * round_.behind
         fits: list[float] = []
         waits: list[float] = []
+        floor = float("inf")  # the least any admitted option would cost started now
         for _, work, gpu_type, shape, option in self._by_duration(job):
             if admit is not None and not admit.allows(job.id, option):
                 continue
@@ -373,13 +374,16 @@ class _Checked(GreedyState):
             used = max(per_work * (work * price[gpu_type]), queued)
             coming = self.queue_price * self._arrived_weight / ARRIVAL_WINDOW_S * self.arrival_share
             used += coming * option.duration_s * work * price[gpu_type]
+            floor = min(floor, job.weight * option.duration_s + used)
             found = self._price(job, option, shape, now_only, float("inf"), round_, used)
             if found is not None:
                 (fits if found.nodes is not None else waits).append(found.cost)
         fit, wait = min(fits, default=None), min(waits, default=None)
         if wait is not None and (fit is None or wait < gain * fit):
             assert isinstance(chosen, _Choice) and chosen.nodes is None and chosen.cost == wait
-        elif fit is not None:
+        elif fit is not None and now_only and gain * fit > floor * (1 + 1e-9):
+            assert chosen is _NoChoice.UNPLANNED  # a wait it did not plan could beat the start
+        elif fit is not None and not (now_only and gain * fit > floor * (1 - 1e-9)):
             assert isinstance(chosen, _Choice) and chosen.nodes is not None and chosen.cost == fit
         else:
             assert isinstance(chosen, _NoChoice)
@@ -394,6 +398,7 @@ def test_a_choice_skips_no_option_that_would_change_it(
     """The options a choice does not price (its walk in the order of the cost started now stops once none left
     can change the choice) never hold a cheaper one: every choice of a replay equals pricing every option and
     taking, patient, the cheapest; impatient, the cheapest that fits now unless a wait costs under WAIT_GAIN of
-    it."""
+    it, and, where the decision plans no wait, only if no wait could (its cost under 1 / WAIT_GAIN of the least an
+    option costs started now); a job review can no longer move, as if patient."""
     problem = SchedulingProblem(topology=TOPOLOGY, jobs=tuple(queue))
     _replay(problem, None, patient, None if refused is None else _Quota(refused), kind=_Checked)
