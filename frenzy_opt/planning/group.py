@@ -18,7 +18,7 @@ from frenzy_opt.core.plan import Plan
 from frenzy_opt.core.spec import PARALLEL_FIELDS, SPLIT_FIELDS, JobSpec, ParallelConfig, TrainingConfig
 from frenzy_opt.hardware.cluster import ClusterSpec
 from frenzy_opt.hardware.gpus import GpuType
-from frenzy_opt.hardware.topology import links_for
+from frenzy_opt.hardware.topology import Links, links_for
 from frenzy_opt.models.arch import ModelArch
 from frenzy_opt.planning.candidates import attention_on, describe_layout, effective_precision
 from frenzy_opt.prediction.marp.bound import (
@@ -31,7 +31,7 @@ from frenzy_opt.prediction.marp.cuda import CudaTerms, cuda_totals, stage_bound
 from frenzy_opt.prediction.marp.fit import MemoryFit
 from frenzy_opt.prediction.marp.predictor import peak_stages
 from frenzy_opt.prediction.marp.stage_model import StageModel, layer_counts, stage_model_of
-from frenzy_opt.prediction.stepeval import MicrobatchTime, assembled_total_s, gpu_rates, microbatch_time
+from frenzy_opt.prediction.stepeval import MicrobatchTime, gpu_rates, link_parts, microbatch_time, parts_with
 from frenzy_opt.prediction.stepterms import StepTerms, cached_step_terms
 from frenzy_opt.prediction.steptime import StepTimeModel
 
@@ -163,6 +163,8 @@ class Candidate:
     seconds: dict[str, float] = field(default_factory=dict)
     parts: dict[str, MicrobatchTime] | None = None
     """The group's micro-batch parts per GPU for the candidate's :func:`parts_key` (:meth:`GpuGroup.seconds`)."""
+    link_parts: dict[int, tuple[float, float, float]] = field(default_factory=dict)
+    """Its :func:`link_parts` per the group's link index (:attr:`GpuGroup.link_ids`)."""
     num_micro_batches: int = 0
     """Micro-batches per step and data-parallel rank (the job's :meth:`TrainingConfig.num_micro_batches`)."""
     bare_stage: int | None = None
@@ -210,6 +212,9 @@ class GpuGroup:
         self.capacity = max(gpu.memory_bytes for gpu in gpus)
         self.by_link = by_link(gpus)
         self.links = {gpu.name: links_for(cluster, gpu.name) for gpu in gpus}
+        # GPUs of equal links (e.g. every PCIe 4.0 board of one cluster) share a candidate's link_parts.
+        indices: dict[Links, int] = {}
+        self.link_ids = {name: indices.setdefault(links, len(indices)) for name, links in self.links.items()}
         # The step-time band's factors (StepTimeModel.band), read once per GPU instead of once per plan.
         self.bands = {gpu.name: step_model.band_factors(gpu.architecture) for gpu in gpus}
         runtime = job.training.runtime
@@ -231,6 +236,7 @@ class GpuGroup:
         self.user_layout = pins_whole_layout(job)
         self._ratios: dict[int, float] = {}
         self._parts: dict[tuple[object, ...], dict[str, MicrobatchTime]] = {}
+        self._nccls: dict[tuple[int, int, int, int, int, str], int] = {}
 
     def candidate(self, parallel: ParallelConfig, micro_batch_size: int, limit: int) -> Candidate:
         """One candidate's stage models at ``parallel``, evaluated up to ``limit`` bytes (:class:`PeakCache`)."""
@@ -295,7 +301,9 @@ class GpuGroup:
     def seconds(self, candidate: Candidate, gpu: GpuType) -> float:
         """The candidate's predicted step time on ``gpu`` (its step terms built once per candidate). The
         micro-batch parts (:func:`microbatch_time`, what :meth:`StepTerms.evaluate` assembles) do not read dp
-        or the ZeRO stage (:func:`parts_key`), so the candidates of a dp scan share them per GPU."""
+        or the ZeRO stage (:func:`parts_key`), so the candidates of a dp scan share them per GPU; the links'
+        seconds (:func:`link_parts`) do not read the GPU, so the GPUs of one link share them per candidate.
+        The total is :func:`assembled_total_s`'s: the same parts summed in the same order."""
         found = candidate.seconds.get(gpu.name)
         if found is None:
             if candidate.terms is None:
@@ -310,7 +318,12 @@ class GpuGroup:
             if parts is None:
                 parts = microbatch_time(candidate.terms, gpu, links, self.step_model, self.rates[gpu.name])
                 by_gpu[gpu.name] = parts
-            found = candidate.seconds[gpu.name] = assembled_total_s(candidate.terms, parts, links, self.step_model)
+            link_id = self.link_ids[gpu.name]
+            shared = candidate.link_parts.get(link_id)
+            if shared is None:
+                shared = candidate.link_parts[link_id] = link_parts(candidate.terms, links, self.step_model)
+            compute, bubble, intra, p2p, exposed, optimizer, overhead = parts_with(candidate.terms, parts, shared)
+            found = candidate.seconds[gpu.name] = compute + bubble + intra + p2p + exposed + optimizer + overhead
         return found
 
     def _admit(
@@ -370,7 +383,7 @@ class GpuGroup:
         if known is not None:
             return known, workspaces
         parallel, runtime = candidate.parallel, self.job.training.runtime
-        nccl = nccl_buffer_bytes(runtime, parallel, gpu.intra_node) if self.cuda is not None else 0
+        nccl = self._nccl(parallel, gpu.intra_node) if self.cuda is not None else 0
         models = candidate.models if candidate.bare_stage is None else [candidate.models[candidate.bare_stage]]
         bounds = [
             stage_bound(m, parallel.dp, runtime, self.fit, cuda=self.cuda, workspaces=workspaces, nccl=nccl,
@@ -384,6 +397,14 @@ class GpuGroup:
             bare = bounds[0]
         candidate.bounds[key] = bare
         return bare, workspaces
+
+    def _nccl(self, p: ParallelConfig, intra_node: str) -> int:
+        """:func:`nccl_buffer_bytes` of ``p`` on ``intra_node``, per the degrees its communicators read."""
+        key = (p.tp, p.pp, p.dp, p.cp, p.ep, intra_node)
+        found = self._nccls.get(key)
+        if found is None:
+            found = self._nccls[key] = nccl_buffer_bytes(self.job.training.runtime, p, intra_node)
+        return found
 
     def _bound(self, candidate: Candidate, gpu: GpuType, headroom: float) -> tuple[MemoryBound, int]:
         """The largest required bound over the candidate's peak stages on ``gpu``, and the workspaces. The
