@@ -20,7 +20,7 @@ from frenzy_opt.hardware.cluster import ClusterSpec
 from frenzy_opt.hardware.gpus import GpuType
 from frenzy_opt.hardware.topology import Links, links_for
 from frenzy_opt.models.arch import ModelArch
-from frenzy_opt.planning.candidates import attention_on, describe_layout, effective_precision
+from frenzy_opt.planning.candidates import Shape, attention_on, configs_at, describe_layout, effective_precision
 from frenzy_opt.prediction.marp.bound import (
     MemoryBound,
     allocator_reserve_bytes,
@@ -222,6 +222,10 @@ class GpuGroup:
             gpu.name: library_workspace_bytes(runtime, gpu.architecture) if cuda is not None else 0 for gpu in gpus
         }
         self.repeats = repeats(self.by_link, self.workspaces)
+        # Per GPU: the key a candidate's bounds are shared under (workspaces, intra-node link, :meth:`_bare`),
+        # and the keys of its bounds with the allocator reserve (:meth:`_bound`).
+        self.bound_keys = {gpu.name: (self.workspaces[gpu.name], gpu.intra_node) for gpu in gpus}
+        self._reserve_keys = {name: ((*key, "ratio"), (*key, "exact")) for name, key in self.bound_keys.items()}
         t = self.base.training
         self.rates = {
             gpu.name: gpu_rates(gpu, step_model, precision=t.precision, runtime=t.runtime,
@@ -237,6 +241,16 @@ class GpuGroup:
         self._ratios: dict[int, float] = {}
         self._parts: dict[tuple[object, ...], dict[str, MicrobatchTime]] = {}
         self._nccls: dict[tuple[int, int, int, int, int, str], int] = {}
+        self._configs: dict[tuple[object, ...], list[ParallelConfig]] = {}
+
+    def configs_at(self, shape: Shape, dp: int) -> list[ParallelConfig]:
+        """:func:`configs_at` of the group's job: a config does not hold the micro-batch size, so the shapes that
+        differ only in it share their configs (one object each, built once)."""
+        key = (shape.tp, shape.pp, shape.vpp, shape.cp, shape.recompute, shape.sequence_parallel, dp)
+        found = self._configs.get(key)
+        if found is None:
+            found = self._configs[key] = list(configs_at(self.base, shape, dp))
+        return found
 
     def candidate(self, parallel: ParallelConfig, micro_batch_size: int, limit: int) -> Candidate:
         """One candidate's stage models at ``parallel``, evaluated up to ``limit`` bytes (:class:`PeakCache`)."""
@@ -277,20 +291,19 @@ class GpuGroup:
     def needs_reserve(self, candidate: Candidate, gpu: GpuType, headroom: float) -> bool:
         """Whether the candidate's bound without the allocator reserve fits ``gpu``, so that only the reserve
         (an allocator replay, :meth:`_bound`) decides whether it runs there."""
-        return self._reserve_decides(candidate, gpu, self._bare(candidate, gpu)[0], headroom)
+        fits = self._bare_fits(candidate, gpu, self._bare(candidate, gpu)[0], _budget(gpu, headroom))
+        return fits and self.cuda is not None
 
     def may_fit(self, candidate: Candidate, gpu: GpuType, headroom: float) -> bool:
         """Whether the candidate's bound without the allocator reserve fits ``gpu``: when it does not,
         :meth:`resolve` has no plan there (a job that pins its whole layout aside, :meth:`_admit`)."""
-        return self._bare_fits(candidate, gpu, self._bare(candidate, gpu)[0], headroom)
-
-    def _reserve_decides(self, candidate: Candidate, gpu: GpuType, bare: MemoryBound, headroom: float) -> bool:
-        """:meth:`needs_reserve` given the candidate's bound without the reserve on ``gpu``."""
-        return self._bare_fits(candidate, gpu, bare, headroom) and self.cuda is not None
+        return self._bare_fits(candidate, gpu, self._bare(candidate, gpu)[0], _budget(gpu, headroom))
 
     @staticmethod
-    def _bare_fits(candidate: Candidate, gpu: GpuType, bare: MemoryBound, headroom: float) -> bool:
-        return bare.required <= _budget(gpu, headroom) and candidate.allocated <= gpu.memory_bytes
+    def _bare_fits(candidate: Candidate, gpu: GpuType, bare: MemoryBound, budget: int) -> bool:
+        """Whether the bound without the reserve fits ``gpu``'s ``budget`` (:func:`_budget`) and the allocated
+        peak its memory."""
+        return bare.required <= budget and candidate.allocated <= gpu.memory_bytes
 
     def resolve(self, candidate: Candidate, gpu: GpuType, headroom: float) -> Plan | None:
         """The candidate's plan on ``gpu``, or None when its bound does not fit (the same answer as
@@ -377,8 +390,8 @@ class GpuGroup:
         Those two add the same bytes to every stage's required bound without the reserve, so the stage that
         holds the largest is the same on every GPU (``candidate.bare_stage``): the first bound works it out
         over every stage, the others evaluate that stage alone."""
-        workspaces = self.workspaces[gpu.name]
-        key = (workspaces, gpu.intra_node)
+        key = self.bound_keys[gpu.name]
+        workspaces = key[0]
         known = candidate.bounds.get(key)
         if known is not None:
             return known, workspaces
@@ -415,17 +428,18 @@ class GpuGroup:
         and link share the bounds (:meth:`_bare`, ``candidate.bounds``); whether the exact replay applies is
         decided per GPU, so the answer does not depend on the order the GPUs are asked in."""
         bare, workspaces = self._bare(candidate, gpu)
-        if not self._reserve_decides(candidate, gpu, bare, headroom):
+        budget = _budget(gpu, headroom)
+        if self.cuda is None or not self._bare_fits(candidate, gpu, bare, budget):  # the reserve decides nothing
             return bare.within(gpu.memory_bytes), workspaces
-        key = (workspaces, gpu.intra_node)
+        ratio_key, exact_key = self._reserve_keys[gpu.name]
         nccl = bare.rows["nccl_buffers"]
-        full = candidate.bounds.get((*key, "ratio"))
+        full = candidate.bounds.get(ratio_key)
         if full is None:
-            full = candidate.bounds[(*key, "ratio")] = self._with_reserve(candidate, workspaces, nccl, exact=False)
-        if abs(full.required - _budget(gpu, headroom)) <= EXACT_BAND * full.allocated:
-            exact = candidate.bounds.get((*key, "exact"))
+            full = candidate.bounds[ratio_key] = self._with_reserve(candidate, workspaces, nccl, exact=False)
+        if abs(full.required - budget) <= EXACT_BAND * full.allocated:
+            exact = candidate.bounds.get(exact_key)
             if exact is None:
-                exact = candidate.bounds[(*key, "exact")] = self._with_reserve(candidate, workspaces, nccl, exact=True)
+                exact = candidate.bounds[exact_key] = self._with_reserve(candidate, workspaces, nccl, exact=True)
             full = exact
         return full.within(gpu.memory_bytes), workspaces
 

@@ -21,7 +21,6 @@ from frenzy_opt.planning.candidates import (
     RECOMPUTE_ORDER,
     Shape,
     ShapeFloors,
-    configs_at,
     dominated,
     dp_choices,
     shapes,
@@ -174,7 +173,7 @@ def _dp_scan(
         if exhausted and dp >= 2:
             continue
         fitted = False
-        for parallel in configs_at(group.base, shape, dp):
+        for parallel in group.configs_at(shape, dp):
             found = group.plans_of(parallel, shape.micro_batch_size, limit, headroom, tally)
             fitted = fitted or bool(found)
             plans += accepted_plans(found, parallel, shape.micro_batch_size, limit, headroom, tally, group, plan_filter)
