@@ -18,9 +18,9 @@ from frenzy_opt.core.plan import Plan
 from frenzy_opt.core.spec import PARALLEL_FIELDS, SPLIT_FIELDS, JobSpec, ParallelConfig, TrainingConfig
 from frenzy_opt.hardware.cluster import ClusterSpec
 from frenzy_opt.hardware.gpus import GpuType
-from frenzy_opt.hardware.topology import links_for
+from frenzy_opt.hardware.topology import Links, links_for
 from frenzy_opt.models.arch import ModelArch
-from frenzy_opt.planning.candidates import attention_on, describe_layout, effective_precision
+from frenzy_opt.planning.candidates import Shape, attention_on, configs_at, describe_layout, effective_precision
 from frenzy_opt.prediction.marp.bound import (
     MemoryBound,
     allocator_reserve_bytes,
@@ -31,7 +31,7 @@ from frenzy_opt.prediction.marp.cuda import CudaTerms, cuda_totals, stage_bound
 from frenzy_opt.prediction.marp.fit import MemoryFit
 from frenzy_opt.prediction.marp.predictor import peak_stages
 from frenzy_opt.prediction.marp.stage_model import StageModel, layer_counts, stage_model_of
-from frenzy_opt.prediction.stepeval import MicrobatchTime, assembled_total_s, gpu_rates, microbatch_time
+from frenzy_opt.prediction.stepeval import MicrobatchTime, gpu_rates, link_parts, microbatch_time, parts_with
 from frenzy_opt.prediction.stepterms import StepTerms, cached_step_terms
 from frenzy_opt.prediction.steptime import StepTimeModel
 
@@ -163,6 +163,8 @@ class Candidate:
     seconds: dict[str, float] = field(default_factory=dict)
     parts: dict[str, MicrobatchTime] | None = None
     """The group's micro-batch parts per GPU for the candidate's :func:`parts_key` (:meth:`GpuGroup.seconds`)."""
+    link_parts: dict[int, tuple[float, float, float]] = field(default_factory=dict)
+    """Its :func:`link_parts` per the group's link index (:attr:`GpuGroup.link_ids`)."""
     num_micro_batches: int = 0
     """Micro-batches per step and data-parallel rank (the job's :meth:`TrainingConfig.num_micro_batches`)."""
     bare_stage: int | None = None
@@ -210,6 +212,9 @@ class GpuGroup:
         self.capacity = max(gpu.memory_bytes for gpu in gpus)
         self.by_link = by_link(gpus)
         self.links = {gpu.name: links_for(cluster, gpu.name) for gpu in gpus}
+        # GPUs of equal links (e.g. every PCIe 4.0 board of one cluster) share a candidate's link_parts.
+        indices: dict[Links, int] = {}
+        self.link_ids = {name: indices.setdefault(links, len(indices)) for name, links in self.links.items()}
         # The step-time band's factors (StepTimeModel.band), read once per GPU instead of once per plan.
         self.bands = {gpu.name: step_model.band_factors(gpu.architecture) for gpu in gpus}
         runtime = job.training.runtime
@@ -217,6 +222,10 @@ class GpuGroup:
             gpu.name: library_workspace_bytes(runtime, gpu.architecture) if cuda is not None else 0 for gpu in gpus
         }
         self.repeats = repeats(self.by_link, self.workspaces)
+        # Per GPU: the key a candidate's bounds are shared under (workspaces, intra-node link, :meth:`_bare`),
+        # and the keys of its bounds with the allocator reserve (:meth:`_bound`).
+        self.bound_keys = {gpu.name: (self.workspaces[gpu.name], gpu.intra_node) for gpu in gpus}
+        self._reserve_keys = {name: ((*key, "ratio"), (*key, "exact")) for name, key in self.bound_keys.items()}
         t = self.base.training
         self.rates = {
             gpu.name: gpu_rates(gpu, step_model, precision=t.precision, runtime=t.runtime,
@@ -231,6 +240,17 @@ class GpuGroup:
         self.user_layout = pins_whole_layout(job)
         self._ratios: dict[int, float] = {}
         self._parts: dict[tuple[object, ...], dict[str, MicrobatchTime]] = {}
+        self._nccls: dict[tuple[int, int, int, int, int, str], int] = {}
+        self._configs: dict[tuple[object, ...], list[ParallelConfig]] = {}
+
+    def configs_at(self, shape: Shape, dp: int) -> list[ParallelConfig]:
+        """:func:`configs_at` of the group's job: a config does not hold the micro-batch size, so the shapes that
+        differ only in it share their configs (one object each, built once)."""
+        key = (shape.tp, shape.pp, shape.vpp, shape.cp, shape.recompute, shape.sequence_parallel, dp)
+        found = self._configs.get(key)
+        if found is None:
+            found = self._configs[key] = list(configs_at(self.base, shape, dp))
+        return found
 
     def candidate(self, parallel: ParallelConfig, micro_batch_size: int, limit: int) -> Candidate:
         """One candidate's stage models at ``parallel``, evaluated up to ``limit`` bytes (:class:`PeakCache`)."""
@@ -271,20 +291,19 @@ class GpuGroup:
     def needs_reserve(self, candidate: Candidate, gpu: GpuType, headroom: float) -> bool:
         """Whether the candidate's bound without the allocator reserve fits ``gpu``, so that only the reserve
         (an allocator replay, :meth:`_bound`) decides whether it runs there."""
-        return self._reserve_decides(candidate, gpu, self._bare(candidate, gpu)[0], headroom)
+        fits = self._bare_fits(candidate, gpu, self._bare(candidate, gpu)[0], _budget(gpu, headroom))
+        return fits and self.cuda is not None
 
     def may_fit(self, candidate: Candidate, gpu: GpuType, headroom: float) -> bool:
         """Whether the candidate's bound without the allocator reserve fits ``gpu``: when it does not,
         :meth:`resolve` has no plan there (a job that pins its whole layout aside, :meth:`_admit`)."""
-        return self._bare_fits(candidate, gpu, self._bare(candidate, gpu)[0], headroom)
-
-    def _reserve_decides(self, candidate: Candidate, gpu: GpuType, bare: MemoryBound, headroom: float) -> bool:
-        """:meth:`needs_reserve` given the candidate's bound without the reserve on ``gpu``."""
-        return self._bare_fits(candidate, gpu, bare, headroom) and self.cuda is not None
+        return self._bare_fits(candidate, gpu, self._bare(candidate, gpu)[0], _budget(gpu, headroom))
 
     @staticmethod
-    def _bare_fits(candidate: Candidate, gpu: GpuType, bare: MemoryBound, headroom: float) -> bool:
-        return bare.required <= _budget(gpu, headroom) and candidate.allocated <= gpu.memory_bytes
+    def _bare_fits(candidate: Candidate, gpu: GpuType, bare: MemoryBound, budget: int) -> bool:
+        """Whether the bound without the reserve fits ``gpu``'s ``budget`` (:func:`_budget`) and the allocated
+        peak its memory."""
+        return bare.required <= budget and candidate.allocated <= gpu.memory_bytes
 
     def resolve(self, candidate: Candidate, gpu: GpuType, headroom: float) -> Plan | None:
         """The candidate's plan on ``gpu``, or None when its bound does not fit (the same answer as
@@ -295,7 +314,9 @@ class GpuGroup:
     def seconds(self, candidate: Candidate, gpu: GpuType) -> float:
         """The candidate's predicted step time on ``gpu`` (its step terms built once per candidate). The
         micro-batch parts (:func:`microbatch_time`, what :meth:`StepTerms.evaluate` assembles) do not read dp
-        or the ZeRO stage (:func:`parts_key`), so the candidates of a dp scan share them per GPU."""
+        or the ZeRO stage (:func:`parts_key`), so the candidates of a dp scan share them per GPU; the links'
+        seconds (:func:`link_parts`) do not read the GPU, so the GPUs of one link share them per candidate.
+        The total is :func:`assembled_total_s`'s: the same parts summed in the same order."""
         found = candidate.seconds.get(gpu.name)
         if found is None:
             if candidate.terms is None:
@@ -310,7 +331,12 @@ class GpuGroup:
             if parts is None:
                 parts = microbatch_time(candidate.terms, gpu, links, self.step_model, self.rates[gpu.name])
                 by_gpu[gpu.name] = parts
-            found = candidate.seconds[gpu.name] = assembled_total_s(candidate.terms, parts, links, self.step_model)
+            link_id = self.link_ids[gpu.name]
+            shared = candidate.link_parts.get(link_id)
+            if shared is None:
+                shared = candidate.link_parts[link_id] = link_parts(candidate.terms, links, self.step_model)
+            compute, bubble, intra, p2p, exposed, optimizer, overhead = parts_with(candidate.terms, parts, shared)
+            found = candidate.seconds[gpu.name] = compute + bubble + intra + p2p + exposed + optimizer + overhead
         return found
 
     def _admit(
@@ -364,13 +390,13 @@ class GpuGroup:
         Those two add the same bytes to every stage's required bound without the reserve, so the stage that
         holds the largest is the same on every GPU (``candidate.bare_stage``): the first bound works it out
         over every stage, the others evaluate that stage alone."""
-        workspaces = self.workspaces[gpu.name]
-        key = (workspaces, gpu.intra_node)
+        key = self.bound_keys[gpu.name]
+        workspaces = key[0]
         known = candidate.bounds.get(key)
         if known is not None:
             return known, workspaces
         parallel, runtime = candidate.parallel, self.job.training.runtime
-        nccl = nccl_buffer_bytes(runtime, parallel, gpu.intra_node) if self.cuda is not None else 0
+        nccl = self._nccl(parallel, gpu.intra_node) if self.cuda is not None else 0
         models = candidate.models if candidate.bare_stage is None else [candidate.models[candidate.bare_stage]]
         bounds = [
             stage_bound(m, parallel.dp, runtime, self.fit, cuda=self.cuda, workspaces=workspaces, nccl=nccl,
@@ -385,6 +411,14 @@ class GpuGroup:
         candidate.bounds[key] = bare
         return bare, workspaces
 
+    def _nccl(self, p: ParallelConfig, intra_node: str) -> int:
+        """:func:`nccl_buffer_bytes` of ``p`` on ``intra_node``, per the degrees its communicators read."""
+        key = (p.tp, p.pp, p.dp, p.cp, p.ep, intra_node)
+        found = self._nccls.get(key)
+        if found is None:
+            found = self._nccls[key] = nccl_buffer_bytes(self.job.training.runtime, p, intra_node)
+        return found
+
     def _bound(self, candidate: Candidate, gpu: GpuType, headroom: float) -> tuple[MemoryBound, int]:
         """The largest required bound over the candidate's peak stages on ``gpu``, and the workspaces. The
         allocator reserve (:meth:`_reserve_ratio`) is added only when the bound without it fits: a candidate
@@ -394,17 +428,18 @@ class GpuGroup:
         and link share the bounds (:meth:`_bare`, ``candidate.bounds``); whether the exact replay applies is
         decided per GPU, so the answer does not depend on the order the GPUs are asked in."""
         bare, workspaces = self._bare(candidate, gpu)
-        if not self._reserve_decides(candidate, gpu, bare, headroom):
+        budget = _budget(gpu, headroom)
+        if self.cuda is None or not self._bare_fits(candidate, gpu, bare, budget):  # the reserve decides nothing
             return bare.within(gpu.memory_bytes), workspaces
-        key = (workspaces, gpu.intra_node)
+        ratio_key, exact_key = self._reserve_keys[gpu.name]
         nccl = bare.rows["nccl_buffers"]
-        full = candidate.bounds.get((*key, "ratio"))
+        full = candidate.bounds.get(ratio_key)
         if full is None:
-            full = candidate.bounds[(*key, "ratio")] = self._with_reserve(candidate, workspaces, nccl, exact=False)
-        if abs(full.required - _budget(gpu, headroom)) <= EXACT_BAND * full.allocated:
-            exact = candidate.bounds.get((*key, "exact"))
+            full = candidate.bounds[ratio_key] = self._with_reserve(candidate, workspaces, nccl, exact=False)
+        if abs(full.required - budget) <= EXACT_BAND * full.allocated:
+            exact = candidate.bounds.get(exact_key)
             if exact is None:
-                exact = candidate.bounds[(*key, "exact")] = self._with_reserve(candidate, workspaces, nccl, exact=True)
+                exact = candidate.bounds[exact_key] = self._with_reserve(candidate, workspaces, nccl, exact=True)
             full = exact
         return full.within(gpu.memory_bytes), workspaces
 

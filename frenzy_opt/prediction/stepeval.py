@@ -37,7 +37,9 @@ __all__ = [
     "assembled_total_s",
     "evaluate_terms",
     "gpu_rates",
+    "link_parts",
     "microbatch_time",
+    "parts_with",
     "per_microbatch_s",
     "profiled_point",
     "step_parts",
@@ -304,11 +306,13 @@ def step_parts(
 ) -> tuple[float, float, float, float, float, float, float]:
     """The seconds of :func:`assemble`'s parts, in :attr:`StepTime.total_s`'s order: compute, bubble,
     intra-node collectives, pipeline sends, exposed data-parallel traffic, optimizer, fixed overhead."""
-    per_microbatch = per_microbatch_s(mb, t.pp, balanced=t.balanced)
-    if mb.update_s > 0:
-        optimizer = t.stage_layers * mb.update_s * t.optimizer_share
-    else:
-        optimizer = t.optimizer_bytes / mb.hbm_bytes_s
+    return parts_with(t, mb, link_parts(t, links, model))
+
+
+def link_parts(t: DpTerms, links: Links, model: StepTimeModel) -> tuple[float, float, float]:
+    """What :func:`step_parts` reads of the links: the seconds of one pipeline send with its latency, of the
+    data-parallel traffic once per step and once per micro-batch. They read neither the GPU nor its
+    micro-batch parts, so the GPU types of one link share them (:meth:`frenzy_opt.planning.group.GpuGroup.seconds`)."""
     eff = model.link_efficiency
     sends = t.collective_calls[3]
     # Consecutive stages sit on different nodes when one stage fills a node or more.
@@ -316,9 +320,22 @@ def step_parts(
     p2p = p2p_s(links, t.pipeline_bytes, crosses, eff)
     if t.pp > 1:
         p2p += sends * (NETWORK_LATENCY_S if crosses else links.intra_node_latency_s)
-    slots = t.microbatches + (t.pp - 1) / t.vpp
     dp_step = collective_s(links, t.dp_allreduce_bytes, t.dp_group, t.dp_stride, eff)
     dp_mb = collective_s(links, t.dp_microbatch_bytes, t.dp_group, t.dp_stride, eff)
+    return p2p, dp_step, dp_mb
+
+
+def parts_with(
+    t: DpTerms, mb: MicrobatchTime, links: tuple[float, float, float]
+) -> tuple[float, float, float, float, float, float, float]:
+    """:func:`step_parts` given its :func:`link_parts`."""
+    p2p, dp_step, dp_mb = links
+    per_microbatch = per_microbatch_s(mb, t.pp, balanced=t.balanced)
+    if mb.update_s > 0:
+        optimizer = t.stage_layers * mb.update_s * t.optimizer_share
+    else:
+        optimizer = t.optimizer_bytes / mb.hbm_bytes_s
+    slots = t.microbatches + (t.pp - 1) / t.vpp
     row = profile(t.runtime)
     mode = row.dp_overlap if t.pp == 1 else row.dp_overlap_with_pp
     if mode == "every_microbatch":
