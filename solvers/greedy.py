@@ -653,7 +653,7 @@ class GreedyState:
         if fit is not None:
             if now_only and gain * fit_cost > floor:
                 # A wait it did not plan could beat this start by the rule above: leave it to a decision that plans
-                # its wait rather than commit it to the plan (module docstring, "A decision's work is bounded").
+                # its wait rather than commit it to the plan (see IMPATIENT_WAITS).
                 return _NoChoice.UNPLANNED
             return fit
         # admission ruled out every option, or (impatient) nothing fits now and its wait was not planned
