@@ -242,41 +242,12 @@ def lower_bound(job: JobSpec, shape: Shape, dp: int) -> float:
     plan of the shape): model states at ``dp``, sharded as far as any ZeRO stage and ep choice allows, plus the
     activations of the micro-batches in flight at that dp, plus the loss when the first stage is also the
     last."""
-    return shape_floor(job, shape, floor_ep(job, dp), multi=dp > 1).at(job, shape, dp)
+    return ShapeFloors(job).lower_bound(shape, dp)
 
 
 def floor_ep(job: JobSpec, dp: int) -> int:
     """The ep :func:`lower_bound` takes at ``dp``: the largest that divides the experts and dp."""
     return max((e for e in divisors(job.model.num_experts) if dp % e == 0), default=1)
-
-
-@dataclass(frozen=True, slots=True)
-class ShapeFloor:
-    """The parts of :func:`lower_bound` that do not depend on dp beyond its ep and whether it is over 1."""
-
-    chunks: tuple[int, ...]
-    layers: int
-    dense: float
-    expert: float
-    layout: StateLayout
-    layer_activations: float
-    loss: float
-    ep: int
-
-    def at(self, job: JobSpec, shape: Shape, dp: int) -> float:
-        microbatches = job.training.num_micro_batches(dp, shape.micro_batch_size)
-        in_flight = in_flight_layer_microbatches(self.chunks, 0, shape.pp, microbatches)
-        shards = dp * shape.cp
-        states = self.dense * sum(self.layout.per_param(shards)) + self.expert * sum(
-            self.layout.per_param(max(shards // self.ep, 1))
-        )
-        return states + in_flight * self.layers * self.layer_activations + self.loss
-
-
-def shape_floor(job: JobSpec, shape: Shape, ep: int, *, multi: bool) -> ShapeFloor:
-    """:class:`ShapeFloor` of a shape at expert parallelism ``ep``, with more than one data-parallel rank
-    (``multi``) or one."""
-    return ShapeFloors(job).floor(shape, ep, multi=multi)
 
 
 class ShapeFloors:
@@ -290,7 +261,6 @@ class ShapeFloors:
 
     def __init__(self, job: JobSpec) -> None:
         self.job = job
-        self.floors: dict[tuple[Shape, int, bool], ShapeFloor] = {}
         self.values: dict[Shape, dict[int, float]] = {}
         self.eps: dict[int, int] = {}
         self._chunks: dict[tuple[int, int], tuple[tuple[int, ...], int]] = {}
@@ -319,8 +289,7 @@ class ShapeFloors:
         return value
 
     def _value(self, shape: Shape, dp: int) -> float:
-        """:meth:`ShapeFloor.at` of the shape's floor at ``dp``: the same arithmetic in the same order, from the
-        terms the shapes share (class docstring) rather than from a :class:`ShapeFloor` per shape."""
+        """:func:`lower_bound` of the shape at ``dp``, from the terms the shapes share (class docstring)."""
         ep = self.eps.get(dp)
         if ep is None:
             ep = self.eps[dp] = floor_ep(self.job, dp)
@@ -341,21 +310,6 @@ class ShapeFloors:
             in_flight = self._in_flight[fkey] = in_flight_layer_microbatches(chunks, 0, pp, microbatches)
         layer_activations, loss = self._acts_of(shape, ep)
         return states + in_flight * layers * layer_activations + (loss if pp == 1 else 0)
-
-    def floor(self, shape: Shape, ep: int, *, multi: bool) -> ShapeFloor:
-        """:class:`ShapeFloor` of a shape at expert parallelism ``ep``, with more than one data-parallel rank
-        (``multi``) or one."""
-        key = (shape, ep, multi)
-        found = self.floors.get(key)
-        if found is not None:
-            return found
-        chunks, layers = self._chunks_of(shape)
-        dense, expert = self._params_of(shape, ep, layers)
-        layer_activations, loss = self._acts_of(shape, ep)
-        found = self.floors[key] = ShapeFloor(chunks=chunks, layers=layers, dense=dense, expert=expert,
-                                              layout=self._layout_of(multi), layer_activations=layer_activations,
-                                              loss=loss if shape.pp == 1 else 0, ep=ep)  # fmt: skip
-        return found
 
     def _params_of(self, shape: Shape, ep: int, layers: int) -> tuple[float, float]:
         """The first stage's dense and expert parameters, per (tp, ep, pp, layers)."""
