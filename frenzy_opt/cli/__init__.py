@@ -124,8 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--lp-columns",
         type=int,
-        default=120_000,
-        help="the LP bound's start variables (default 120000; fewer: faster, looser)",
+        help="the LP bound's start variables (default: solvers/lpbound.py's MAX_COLUMNS; fewer: faster, looser)",
     )
     p = add("simulate", "replay a scenario's workload under one or more scheduling policies", cmd_simulate)
     p.add_argument("scenario", help="scenario file or shipped name (jobs or a workload generator)")

@@ -94,16 +94,19 @@ def schedule_payload(problem: SchedulingProblem, schedule: Schedule) -> dict[str
 
 
 def _proven_bound(
-    problem: SchedulingProblem, schedules: dict[str, Schedule], time_limit_s: float, columns: int
+    problem: SchedulingProblem, schedules: dict[str, Schedule], time_limit_s: float, columns: int | None
 ) -> dict[str, Any]:
     """``--lp-bound``: the time-indexed LP bound (:mod:`frenzy_opt.solvers.lpbound`, the best schedule found as its
     incumbent), the larger of it and CP-SAT's bound, and the gaps that proves."""
-    from frenzy_opt.solvers.lpbound import time_indexed_bound
+    from frenzy_opt.solvers.lpbound import MAX_COLUMNS, time_indexed_bound
 
     found = {name: objective(problem, s) for name, s in schedules.items() if s.assignments}
     best_name = min(found, key=lambda name: found[name]) if found else None
     lp = time_indexed_bound(
-        problem, incumbents=schedules.values(), max_columns=columns, time_limit_s=max(time_limit_s, 60.0)
+        problem,
+        incumbents=schedules.values(),
+        max_columns=MAX_COLUMNS if columns is None else columns,
+        time_limit_s=max(time_limit_s, 60.0),
     )
     cpsat = schedules.get("cpsat")
     bounds = [b for b in (lp.objective, None if cpsat is None else cpsat.bound) if b is not None]
@@ -126,7 +129,7 @@ def _proven_bound(
 
 
 def cmd_solve(args: argparse.Namespace) -> int:
-    if args.time_limit <= 0 or args.workers < 1 or args.lp_columns < 1:
+    if args.time_limit <= 0 or args.workers < 1 or (args.lp_columns is not None and args.lp_columns < 1):
         raise ValueError("--time-limit must be > 0, --workers >= 1 and --lp-columns >= 1")
     from frenzy_opt.hardware.topology import Topology
     from frenzy_opt.prediction.calibrations import resolve_model
