@@ -336,8 +336,8 @@ class CachingAllocatorModel(ExpandableSegments):
         whole: list[Block] = []
         expandable: list[Block] = []
         for entries in self._free.values():
-            for one in entries:
-                blk = self._free_at[one & ADDR_MASK]
+            for item in entries:
+                blk = self._free_at[item & ADDR_MASK]
                 if blk.seg.expandable:
                     expandable.append(blk)
                 elif blk.prev is None and blk.next is None:
@@ -386,8 +386,8 @@ class CachingAllocatorModel(ExpandableSegments):
         assert seen == len(blocks), "a block outside every segment"
         for entries in self._free.values():
             assert entries == sorted(entries)
-            for one in entries:
-                size, addr = one >> ADDR_BITS, one & ADDR_MASK
+            for item in entries:
+                size, addr = item >> ADDR_BITS, item & ADDR_MASK
                 assert self._free_at[addr].size == size and not self._free_at[addr].allocated
         assert sum(len(e) for e in self._free.values()) == len(self._free_at)
         assert reserved == self.reserved_bytes, f"reserved {self.reserved_bytes} but segments hold {reserved}"
