@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 
 from frenzy_opt.prediction.marp.allocator.config import AllocatorConfig
 from frenzy_opt.prediction.marp.allocator.expandable import ExpandableSegments
-from frenzy_opt.prediction.marp.allocator.pools import Block, Segment
+from frenzy_opt.prediction.marp.allocator.pools import ADDR_BITS, ADDR_MASK, Block, Segment
 from frenzy_opt.prediction.marp.allocator.sizes import (
     K_MIN_BLOCK_SIZE,
     K_ROUND_LARGE,
@@ -194,7 +194,7 @@ class CachingAllocatorModel(ExpandableSegments):
             entries = self._free.get(key)
             if entries is None:
                 entries = self._free[key] = []
-            insort(entries, (remaining, found.addr))
+            insort(entries, remaining << ADDR_BITS | found.addr)
             self._free_at[found.addr] = found
             found = taken
         found.allocated = True
@@ -273,16 +273,16 @@ class CachingAllocatorModel(ExpandableSegments):
         entries = self._free.get(key)
         if not entries:
             return None
-        i = bisect_left(entries, (rounded, 0))
+        i = bisect_left(entries, rounded << ADDR_BITS)
         count = len(entries)
         if i == count:
             return None
-        size, addr = entries[i]
+        size, addr = entries[i] >> ADDR_BITS, entries[i] & ADDR_MASK
         if self._expandable:
             # A block in front of unmapped space counts as the size it can grow to; prefer smaller ones.
             grow = self._expandable_size(self._free_at[addr])
             while i + 1 < count:
-                next_size, next_addr = entries[i + 1]
+                next_size, next_addr = entries[i + 1] >> ADDR_BITS, entries[i + 1] & ADDR_MASK
                 next_grow = self._expandable_size(self._free_at[next_addr])
                 if next_grow >= grow:
                     break
@@ -301,7 +301,7 @@ class CachingAllocatorModel(ExpandableSegments):
         size = allocation_size(rounded)
         if self.capacity_bytes is not None and self.reserved_bytes + size > self.capacity_bytes:
             return None
-        seg = Segment(key, self._next_addr, size, expandable=False, page=0)
+        seg = Segment(key, self._next_addr, size, False, 0)  # not expandable, no pages
         self._next_addr += (size + K_ROUND_LARGE - 1) // K_ROUND_LARGE * K_ROUND_LARGE
         self._add_segment(seg)
         self.num_cudamalloc_calls += 1
@@ -317,14 +317,14 @@ class CachingAllocatorModel(ExpandableSegments):
             return False
         entries = self._free.get(key, [])
         target = max(rounded, self._mss)
-        i = bisect_left(entries, (target, 0))
-        if i < len(entries) and not self._free_at[entries[i][1]].seg.expandable:
-            self._release_block(self._free_at[entries[i][1]])
+        i = bisect_left(entries, target << ADDR_BITS)
+        if i < len(entries) and not self._free_at[entries[i] & ADDR_MASK].seg.expandable:
+            self._release_block(self._free_at[entries[i] & ADDR_MASK])
             return True
         released = 0
         j = i - 1
-        while released < target and j >= 0 and entries[j][0] >= self._mss:
-            blk = self._free_at[entries[j][1]]
+        while released < target and j >= 0 and entries[j] >> ADDR_BITS >= self._mss:
+            blk = self._free_at[entries[j] & ADDR_MASK]
             if not blk.seg.expandable:
                 self._release_block(blk)  # removes entries[j]; the ones below keep their index
                 released += blk.size
@@ -336,8 +336,8 @@ class CachingAllocatorModel(ExpandableSegments):
         whole: list[Block] = []
         expandable: list[Block] = []
         for entries in self._free.values():
-            for _, addr in entries:
-                blk = self._free_at[addr]
+            for item in entries:
+                blk = self._free_at[item & ADDR_MASK]
                 if blk.seg.expandable:
                     expandable.append(blk)
                 elif blk.prev is None and blk.next is None:
@@ -386,7 +386,8 @@ class CachingAllocatorModel(ExpandableSegments):
         assert seen == len(blocks), "a block outside every segment"
         for entries in self._free.values():
             assert entries == sorted(entries)
-            for size, addr in entries:
+            for item in entries:
+                size, addr = item >> ADDR_BITS, item & ADDR_MASK
                 assert self._free_at[addr].size == size and not self._free_at[addr].allocated
         assert sum(len(e) for e in self._free.values()) == len(self._free_at)
         assert reserved == self.reserved_bytes, f"reserved {self.reserved_bytes} but segments hold {reserved}"

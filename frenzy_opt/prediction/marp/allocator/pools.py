@@ -8,7 +8,7 @@ a contiguous range of it, linked to its neighbours in address order (``Block`` o
   (``get_pool``); each pool caches blocks per stream (``BlockComparatorSize`` orders by stream first), so a
   pool here is keyed by ``stream * 2 + (1 for the small pool, 0 for the large one)``;
 * within a pool, cached blocks are ordered by (size, address), the order best fit searches
-  (``BlockComparatorSize``);
+  (``BlockComparatorSize``), each as one int (:data:`ADDR_BITS`);
 * a block that becomes free merges with its free neighbours in the same segment before it is cached
   (``free_block`` and ``map_block``, both through ``try_merge_blocks``): :meth:`BlockPools._cache_block`;
 * it also keeps the bytes reserved (segments held, or pages mapped) and their peaks.
@@ -18,7 +18,15 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 
-__all__ = ["Block", "BlockPools", "Segment"]
+__all__ = ["ADDR_BITS", "ADDR_MASK", "Block", "BlockPools", "Segment"]
+
+ADDR_BITS = 64
+"""A cached block's index entry is the int ``size << ADDR_BITS | addr``: such ints order as the (size, address)
+pairs do while every address is below ``2**ADDR_BITS`` (:meth:`BlockPools._add_segment` refuses a segment
+reaching past it), and one int compares and sorts faster than a pair (a plan search's replays,
+:func:`frenzy_opt.prediction.marp.bound.allocator_reserve_bytes`, spend much of their time in these lists)."""
+ADDR_MASK = (1 << ADDR_BITS) - 1
+"""``entry & ADDR_MASK`` is an index entry's address, ``entry >> ADDR_BITS`` its size."""
 
 
 class Segment:
@@ -58,8 +66,8 @@ class BlockPools:
 
     def __init__(self, capacity_bytes: int | None) -> None:
         self.capacity_bytes = capacity_bytes
-        # Cached (free, mapped) blocks: per pool, sorted (size, address) pairs; and by address.
-        self._free: dict[int, list[tuple[int, int]]] = {}
+        # Cached (free, mapped) blocks: per pool, sorted (size, address) entries (:data:`ADDR_BITS`); and by address.
+        self._free: dict[int, list[int]] = {}
         self._free_at: dict[int, Block] = {}
         # Unmapped ranges of expandable segments: per pool, sorted addresses; and by address.
         self._unmapped: dict[int, list[int]] = {}
@@ -80,12 +88,12 @@ class BlockPools:
         entries = self._free.get(key)
         if entries is None:
             entries = self._free[key] = []
-        insort(entries, (blk.size, blk.addr))
+        insort(entries, blk.size << ADDR_BITS | blk.addr)
         self._free_at[blk.addr] = blk
 
     def _remove_free(self, blk: Block) -> None:
         entries = self._free[blk.key]
-        del entries[bisect_left(entries, (blk.size, blk.addr))]
+        del entries[bisect_left(entries, blk.size << ADDR_BITS | blk.addr)]
         del self._free_at[blk.addr]
 
     def _insert_unmapped(self, blk: Block) -> None:
@@ -109,6 +117,8 @@ class BlockPools:
                 self.peak_reserved_bytes = self.reserved_bytes
 
     def _add_segment(self, seg: Segment) -> None:
+        if seg.base + seg.size > ADDR_MASK:
+            raise OverflowError("segment addresses reached 2**ADDR_BITS: the cache index entries would collide")
         self._segments.add(seg)
         if len(self._segments) > self.peak_num_segments:
             self.peak_num_segments = len(self._segments)
@@ -134,7 +144,7 @@ class BlockPools:
         free_at = self._free_at
         prev = blk.prev
         if prev is not None and not prev.allocated and prev.mapped:
-            del entries[bisect_left(entries, (prev.size, prev.addr))]
+            del entries[bisect_left(entries, prev.size << ADDR_BITS | prev.addr)]
             del free_at[prev.addr]
             blk.addr = prev.addr
             blk.size += prev.size
@@ -143,11 +153,11 @@ class BlockPools:
                 blk.prev.next = blk
         nxt = blk.next
         if nxt is not None and not nxt.allocated and nxt.mapped:
-            del entries[bisect_left(entries, (nxt.size, nxt.addr))]
+            del entries[bisect_left(entries, nxt.size << ADDR_BITS | nxt.addr)]
             del free_at[nxt.addr]
             blk.size += nxt.size
             blk.next = nxt.next
             if blk.next is not None:
                 blk.next.prev = blk
-        insort(entries, (blk.size, blk.addr))
+        insort(entries, blk.size << ADDR_BITS | blk.addr)
         free_at[blk.addr] = blk
