@@ -223,8 +223,8 @@ class GpuRow:
     (:meth:`GpuGroup._bare`, :meth:`GpuGroup._bound`), its links and rates, its step-time band and its
     precision label, and whether it repeats the GPU before it (:func:`repeats`)."""
 
-    __slots__ = ("budget", "exact_key", "gpu", "high", "key", "label", "link_id", "links", "low", "memory",
-                 "name", "rates", "ratio_key", "repeat", "required")  # fmt: skip
+    __slots__ = ("budget", "exact_key", "floor", "gpu", "high", "key", "label", "link_id", "links", "low",
+                 "memory", "name", "rates", "ratio_key", "repeat", "required")  # fmt: skip
 
     def __init__(self, group: GpuGroup, gpu: GpuType, headroom: float) -> None:
         name = gpu.name
@@ -233,6 +233,8 @@ class GpuRow:
         self.required = int(headroom * gpu.memory_bytes)
         self.repeat = name in group.repeats
         self.key = group.bound_keys[name]
+        # What every bound on this GPU holds beyond the allocated peak (:meth:`GpuGroup._settled_refusal`).
+        self.floor = self.key[0] + (group.cuda.context_bytes if group.cuda is not None else 0)
         self.ratio_key, self.exact_key = group._reserve_keys[name]
         self.links, self.link_id, self.rates = group.links[name], group.link_ids[name], group.rates[name]
         self.low, self.high = group.bands[name]
@@ -296,6 +298,10 @@ class GpuGroup:
         self._pricing = shared_pricing(self.base, step_model, [(gpu, self.links[gpu.name]) for gpu in gpus])
         self._nccls: dict[tuple[int, int, int, int, int, str], int] = {}
         self._configs: dict[tuple[object, ...], list[ParallelConfig]] = {}
+        # Whether the rows of a bound never fall below zero, so that its floor holds (:meth:`_settled_refusal`):
+        # the fit's margins and the CUDA context.
+        context = cuda.context_bytes if cuda is not None else 0
+        self._floors = min(fit.margin_of(runtime), fit.fixed_margin_of(runtime), context) >= 0
         self._rows: dict[float, list[list[GpuRow]]] = {}
         self._row_names: dict[float, dict[str, GpuRow]] = {}
 
@@ -349,6 +355,8 @@ class GpuGroup:
                     if admitted is not None:
                         out.append(self._plan(candidate, row, admitted))
                     continue
+                if self._settled_refusal(candidate, row, tally):
+                    break
                 upper = self._bound(candidate, row)
                 least = tally.min_device
                 if least is None or upper.required < least:
@@ -363,6 +371,22 @@ class GpuGroup:
                     continue
                 out.append(self._plan(candidate, row, admitted))
         return out
+
+    def _settled_refusal(self, candidate: Candidate, row: GpuRow, tally: Tally) -> bool:
+        """Whether :meth:`plans_of` is sure, without working out the candidate's bound on the row's GPU, that the
+        GPU refuses it, that its link's scan stops there, and that ``tally`` keeps its least bound and its
+        closest refusal. Every peak stage's required bound holds its allocated peak, the workspaces and the CUDA
+        context, and rows that are not negative (:func:`stage_bound`), so the largest is at least the
+        candidate's allocated peak plus those two (its floor): a floor more than :data:`WORKSPACE_SPREAD`
+        above the GPU's memory is refused and stops the scan (a layout pinned whole aside, :meth:`_admit`), and
+        one at least the least bound and whose ratio to the GPU's memory is at least the closest refusal's
+        changes neither (:meth:`Tally.note_refusal` keeps the first of equal ratios). Many candidates of a
+        catalogue-wide search are far too large for the smaller GPUs, whose bounds this skips."""
+        closest, least = tally.closest, tally.min_device
+        if closest is None or least is None or self.user_layout or not self._floors:
+            return False
+        floor = candidate.allocated + row.floor
+        return floor - WORKSPACE_SPREAD > row.memory and floor >= least and floor / row.memory >= closest[0]
 
     def needs_reserve(self, candidate: Candidate, gpu: GpuType, headroom: float) -> bool:
         """Whether the candidate's bound without the allocator reserve fits ``gpu``, so that only the reserve
