@@ -38,14 +38,19 @@ from frenzy_opt.prediction.steptime import StepTimeModel
 
 class PeakCache:
     """Stage models per candidate without its dp (they do not depend on it), so the dp scan only
-    re-evaluates the dp-dependent terms. Stages are built lazily: once the first stage alone exceeds the
-    largest GPU, the last stage is not needed."""
+    re-evaluates the dp-dependent terms, and their (states, rest) splits per dp. Stages are built lazily: once
+    the first stage alone exceeds the largest GPU, the last stage is not needed. The candidates' parallel
+    fields beyond its key (attention kernel, pinned stage split) are the GPU group's, so one cache serves one
+    group's model, training config and those fields (:func:`shared_layouts`)."""
 
     def __init__(self, arch: ModelArch, training: TrainingConfig) -> None:
         self._arch = arch
         self._training = {training.micro_batch_size: training}
         self._base = training
-        self._models: dict[tuple[object, ...], dict[int, StageModel | None]] = {}
+        # Per key: the peak stages' models (built lazily) and their splits per (stage, dp).
+        self._models: dict[
+            tuple[object, ...], tuple[dict[int, StageModel | None], dict[tuple[int, int], tuple[int, int]]]
+        ] = {}
 
     def training(self, micro_batch_size: int) -> TrainingConfig:
         training = self._training.get(micro_batch_size)
@@ -71,17 +76,20 @@ class PeakCache:
             p.sequence_parallel,
             p.dp > 1,
         )
-        models = self._models.get(key)
-        training = self.training(micro_batch_size)
-        if models is None:
-            stages = peak_stages(p.pp, layer_counts(self._arch, training, p))
-            models = self._models[key] = dict.fromkeys(stages)
+        entry = self._models.get(key)
+        if entry is None:
+            stages = peak_stages(p.pp, layer_counts(self._arch, self.training(micro_batch_size), p))
+            entry = self._models[key] = (dict.fromkeys(stages), {})
+        models, splits = entry
         best = 0
         evaluated = []
+        dp = p.dp
         for stage, model in models.items():
             if model is None:
-                model = models[stage] = shared_stage_model(self._arch, training, p, stage)
-            split = model.split(p.dp)
+                model = models[stage] = shared_stage_model(self._arch, self.training(micro_batch_size), p, stage)
+            split = splits.get((stage, dp))
+            if split is None:
+                split = splits[(stage, dp)] = model.split(dp)
             evaluated.append((model, split))
             best = max(best, split[0] + split[1])
             if best > capacity:
@@ -89,13 +97,47 @@ class PeakCache:
         return best, evaluated
 
 
+class SharedLayouts(NamedTuple):
+    """What the GPU groups of one base job (:func:`shared_layouts`) keep of their candidates' layouts."""
+
+    cache: PeakCache
+    """Their stage models and splits."""
+    configs: dict[tuple[object, ...], list[ParallelConfig]]
+    """Their parallel configs per shape without its micro-batch, and dp (:meth:`GpuGroup.configs_at`)."""
+
+
+_LAYOUTS: dict[tuple[object, ...], SharedLayouts] = {}
+_LAYOUTS_MAX = 16
+
+
+def shared_layouts(base: JobSpec) -> SharedLayouts:
+    """The :class:`SharedLayouts` of the GPU groups whose base job (:attr:`GpuGroup.base`) has ``base``'s model,
+    training config, parallel fields (what a candidate takes beyond its searched fields: the attention kernel,
+    the pinned stage split) and pinned fields, shared by every search of the process as
+    :func:`shared_stage_model` shares the stage models: a job planned again builds its candidates' configs and
+    evaluates their stage splits once, and its configs are the same objects from search to search (the step-time
+    pricing, :func:`shared_pricing`, finds them by identity). Bounded: emptied when it reaches
+    :data:`_LAYOUTS_MAX` entries (one of the 405B catalogue-wide benchmark, ``benchmarks/plan_enumeration.py``
+    at 4,096 GPUs per type, keeps about 1.5 MB beyond the stage models, measured with tracemalloc)."""
+    key = (base.model, base.training, base.parallel, base.pinned)
+    found = _LAYOUTS.get(key)
+    if found is None:
+        if len(_LAYOUTS) >= _LAYOUTS_MAX:
+            _LAYOUTS.clear()
+        found = _LAYOUTS[key] = SharedLayouts(PeakCache(base.model, base.training), {})
+    return found
+
+
 _STAGE_MODELS: dict[tuple[object, ...], StageModel] = {}
 _STAGE_MODELS_MAX = 8192
 
 
-def shared_stage_models() -> dict[tuple[object, ...], StageModel]:
-    """The process-wide memo of :func:`shared_stage_model` (tests empty it)."""
-    return _STAGE_MODELS
+def clear_shared_memos() -> None:
+    """Empty the process-wide memos of the plan searches (:func:`shared_stage_model`, :func:`shared_layouts`,
+    :func:`shared_pricing`); tests measuring what a search retains empty them."""
+    _STAGE_MODELS.clear()
+    _LAYOUTS.clear()
+    _PRICINGS.clear()
 
 
 def shared_stage_model(arch: ModelArch, training: TrainingConfig, p: ParallelConfig, stage: int) -> StageModel:
@@ -132,7 +174,8 @@ def shared_pricing(base: JobSpec, step_model: StepTimeModel, gpus: list[tuple[Gp
     nothing else (its terms are :func:`cached_step_terms` of those, its rates :func:`gpu_rates` of the GPU).
     A job planned again (the scheduler plans its queue at every event) prices its candidates once. The model
     is matched by identity (it is not hashable) and kept alive by the entry, so its id is not reused. Bounded:
-    emptied when it reaches :data:`_PRICINGS_MAX` groups."""
+    emptied when it reaches :data:`_PRICINGS_MAX` groups (a group of the 405B catalogue-wide benchmark,
+    ``benchmarks/plan_enumeration.py`` at 4,096 GPUs per type, keeps about 1.3 MB, measured with tracemalloc)."""
     key = (base.model, base.training, base.parallel, id(step_model), tuple(gpus))
     found = _PRICINGS.get(key)
     if found is None:
@@ -263,7 +306,8 @@ class GpuGroup:
             training=replace(job.training, precision=Precision(precision)),
             parallel=replace(job.parallel, attention=attention),
         )
-        self.cache = PeakCache(job.model, self.base.training)
+        layouts = shared_layouts(self.base)
+        self.cache = layouts.cache
         self.labels = {gpu.name: effective_precision(gpu, job.training.precision) for gpu in gpus}
         self.capacity = max(gpu.memory_bytes for gpu in gpus)
         self.by_link = by_link(gpus)
@@ -297,7 +341,7 @@ class GpuGroup:
         self._ratios: dict[int, float] = {}
         self._pricing = shared_pricing(self.base, step_model, [(gpu, self.links[gpu.name]) for gpu in gpus])
         self._nccls: dict[tuple[int, int, int, int, int, str], int] = {}
-        self._configs: dict[tuple[object, ...], list[ParallelConfig]] = {}
+        self._configs = layouts.configs
         # Whether the rows of a bound never fall below zero, so that its floor holds (:meth:`_settled_refusal`):
         # the fit's margins and the CUDA context.
         context = cuda.context_bytes if cuda is not None else 0
@@ -307,7 +351,7 @@ class GpuGroup:
 
     def configs_at(self, shape: Shape, dp: int) -> list[ParallelConfig]:
         """:func:`configs_at` of the group's job: a config does not hold the micro-batch size, so the shapes that
-        differ only in it share their configs (one object each, built once)."""
+        differ only in it share their configs (one object each, built once: :func:`shared_layouts`)."""
         key = (shape.tp, shape.pp, shape.vpp, shape.cp, shape.recompute, shape.sequence_parallel, dp)
         found = self._configs.get(key)
         if found is None:
