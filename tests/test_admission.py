@@ -29,7 +29,7 @@ from frenzy_opt.launch.executors import Launch, OnExit
 from frenzy_opt.launch.executors.common import job_plan_supported, plan_supported
 from frenzy_opt.launch.executors.local import LocalExecutor
 from frenzy_opt.launch.executors.simulated import SimulatedExecutor
-from frenzy_opt.planning.group import shared_stage_models
+from frenzy_opt.planning.group import clear_shared_memos
 from frenzy_opt.planning.plans import DEFAULT_STEP_MODEL, NoFeasiblePlan, Plan, enumerate_plans, search_or_fail
 from frenzy_opt.planning.problem import OptionCache, search_options
 from frenzy_opt.planning.scenario import load_cluster_ref
@@ -239,11 +239,11 @@ def test_an_executors_plan_filter_answers_as_its_supports_and_pickles_by_name(tm
 
 def _freed_when_dropped(cache: OptionCache) -> int:
     """Bytes tracemalloc sees freed when every search of the cache is dropped. The process-wide memos a search
-    fills (step terms, stage models) are emptied first: they are bounded on their own and not counted
-    (:data:`frenzy_opt.planning.problem.CACHE_BYTES`), and a layout they keep as a key would otherwise stay
-    alive with them (how many do depends on what the process searched before)."""
+    fills (step terms, stage models and splits, step-time pricing) are emptied first: they are bounded on their
+    own and not counted (:data:`frenzy_opt.planning.problem.CACHE_BYTES`), and a layout they keep as a key would
+    otherwise stay alive with them (how many do depends on what the process searched before)."""
     cached_step_terms.cache_clear()
-    shared_stage_models().clear()
+    clear_shared_memos()
     gc.collect()
     before = tracemalloc.get_traced_memory()[0]
     cache._searches.clear()

@@ -80,3 +80,31 @@ def test_the_mixed_cluster_exercises_a_repeated_memory_judgment() -> None:
     group = GpuGroup(job, gpus, precision, attention, MIXED, cuda=DEFAULT_CUDA, step_model=DEFAULT_STEP_MODEL,
                      fit=SHIPPED_FIT)  # fmt: skip
     assert group.repeats == {"H800-SXM5-80GB"}
+
+
+# GPUs far apart in memory in one group (FlashAttention, 8-GPU nodes, 16 GPUs): many candidates that fit the
+# largest are far too large for the smallest.
+SPREAD = cluster_of(("H100-SXM5-80GB", 2, 8), ("A100-SXM4-40GB", 2, 8), ("L4", 2, 8), ("RTX-3080", 2, 8))
+
+
+@pytest.mark.parametrize("name", sorted(JOBS))
+def test_settled_refusals_change_no_search_result_consistency(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """:meth:`GpuGroup._settled_refusal` skips bounds whose floor already settles them: the plans, the least
+    bound, the number evaluated and the closest refusal are those of the search that works every bound out."""
+    job = JOBS[name]
+    settled = []
+    original = GpuGroup._settled_refusal
+
+    def counted(self: GpuGroup, *args: object) -> bool:
+        settled.append(original(self, *args))  # type: ignore[arg-type]
+        return settled[-1]
+
+    monkeypatch.setattr(GpuGroup, "_settled_refusal", counted)
+    fast = enumerate_plans(job, SPREAD)
+    monkeypatch.setattr(GpuGroup, "_settled_refusal", lambda self, *args: False)
+    full = enumerate_plans(job, SPREAD)
+    assert any(settled)
+    assert (fast.plans, fast.min_device_bytes, fast.num_evaluated) == (full.plans, full.min_device_bytes,
+                                                                        full.num_evaluated)  # fmt: skip
+    assert fast.closest is not None and full.closest is not None
+    assert (fast.closest[0], fast.closest[1].rows) == (full.closest[0], full.closest[1].rows)

@@ -59,7 +59,7 @@ from frenzy_opt.planning.candidates import (
     Shape,
     ShapeFloors,
     config_of,
-    dp_choices,
+    dp_choices_of,
     layout_choices,
     shapes,
 )
@@ -181,15 +181,7 @@ class ShapeSpace:
     def __init__(self, job: JobSpec, gpus_per_node: int, max_gpus: int) -> None:
         self.job, self.gpus_per_node, self.max_gpus = job, gpus_per_node, max_gpus
         self.shapes = list(shapes(job, gpus_per_node, max_gpus))
-        # dp choices depend on the micro-batch, the model-parallel GPUs, pp and vpp only (not the recompute mode).
-        by_kind: dict[tuple[int, int, int, int], list[int]] = {}
-        self.dps: list[list[int]] = []
-        for shape in self.shapes:
-            kind = (shape.micro_batch_size, shape.model_gpus, shape.pp, shape.vpp)
-            found = by_kind.get(kind)
-            if found is None:
-                found = by_kind[kind] = dp_choices(job, shape, max_gpus)
-            self.dps.append(found)
+        self.dps = dp_choices_of(job, self.shapes, max_gpus)
         self.ranks = [RECOMPUTE_ORDER.index(shape.recompute) for shape in self.shapes]
         # The next shape with the same layout and the next recompute in RECOMPUTE_ORDER (shapes() makes the
         # recompute the innermost choice).

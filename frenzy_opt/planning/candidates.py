@@ -181,6 +181,20 @@ def dp_choices(job: JobSpec, shape: Shape, max_gpus: int) -> list[int]:
     return sorted(valid, reverse=True)
 
 
+def dp_choices_of(job: JobSpec, shapes: list[Shape], max_gpus: int) -> list[list[int]]:
+    """:func:`dp_choices` of each of ``shapes``, worked out once per (micro-batch, model-parallel GPUs, pp, vpp):
+    all it reads of a shape (not its tp split or its recompute mode). Shapes of one such kind share one list."""
+    by_kind: dict[tuple[int, int, int, int], list[int]] = {}
+    out = []
+    for shape in shapes:
+        kind = (shape.micro_batch_size, shape.model_gpus, shape.pp, shape.vpp)
+        found = by_kind.get(kind)
+        if found is None:
+            found = by_kind[kind] = dp_choices(job, shape, max_gpus)
+        out.append(found)
+    return out
+
+
 def configs_at(job: JobSpec, shape: Shape, dp: int) -> Iterator[ParallelConfig]:
     for ep, zero in layout_choices(job, shape, dp):
         yield config_of(job, shape, dp, ep, zero)

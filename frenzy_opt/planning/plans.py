@@ -22,7 +22,7 @@ from frenzy_opt.planning.candidates import (
     Shape,
     ShapeFloors,
     dominated,
-    dp_choices,
+    dp_choices_of,
     shapes,
 )
 from frenzy_opt.planning.group import GpuGroup, Tally, gpu_groups
@@ -117,14 +117,19 @@ def enumerate_plans(
     tally = Tally()
     plans: list[Plan] = []
     floors: dict[TrainingConfig, ShapeFloors] = {}  # the groups' shared memory floors, per training config
+    spaces: dict[tuple[int, int], list[tuple[Shape, list[int]]]] = {}  # shapes, dp choices per node size, count
     for (precision, gpus_per_node, max_gpus, attention), gpus in gpu_groups(job, cluster).items():
         group = GpuGroup(job, gpus, precision, attention, cluster, cuda=cuda, step_model=step_model, fit=fit)
         shared = floors.setdefault(group.base.training, ShapeFloors(group.base))
-        for shape in shapes(job, gpus_per_node, max_gpus):
+        space = spaces.get((gpus_per_node, max_gpus))
+        if space is None:
+            found = list(shapes(job, gpus_per_node, max_gpus))
+            dps_of = dp_choices_of(job, found, max_gpus)
+            space = spaces[(gpus_per_node, max_gpus)] = list(zip(found, dps_of, strict=True))
+        for shape, dps in space:
             # Feasibility search: nothing above the largest GPU matters. Minimum search (no plan anywhere):
             # nothing above the least footprint found so far does (branch and bound).
             limit = group.capacity if prune else (tally.min_device if tally.min_device is not None else sys.maxsize)
-            dps = dp_choices(job, shape, max_gpus)
             if dps and shared.lower_bound(shape, dps[0]) <= limit:
                 plans += _dp_scan(group, shape, dps, limit, headroom, tally, plan_filter)
     if not plans and prune:
