@@ -129,3 +129,29 @@ def test_shape_floors_shared_across_groups_are_each_groups_own(name: str) -> Non
                 assert shared.at(shape, values, dp) == lower_bound(group.base, shape, dp)
                 checked += 1
     assert checked > 200
+
+
+@pytest.mark.parametrize("name", sorted(JOBS))
+def test_offered_floors_bound_every_candidate_the_search_builds(name: str) -> None:
+    """The best-first search's per-dp floors (:class:`ShapeFloors`' offered floors) shard the states at the deepest
+    ZeRO stage the search offers the shape, not the runtime's deepest: never below :func:`lower_bound`, and still
+    at most the first stage's allocated peak of every candidate of the shape at that dp."""
+    job = JOBS[name]
+    checked = tighter = 0
+    for group, per_node, max_gpus in _groups(job, NODES):
+        floors = ShapeFloors(group.base)
+        for shape in shapes(group.base, per_node, max_gpus):
+            values = floors.of(shape, offered=True)
+            for dp in dp_choices(group.base, shape, max_gpus):
+                floor, loose = floors.at(shape, values, dp, offered=True), lower_bound(group.base, shape, dp)
+                assert floor >= loose
+                tighter += floor > loose
+                for ep, zero in layout_choices(group.base, shape, dp):
+                    config = config_of(group.base, shape, dp, ep, zero)
+                    model, split = group.candidate(config, shape.micro_batch_size, 2**62).models[0]
+                    assert model.stage == 0
+                    assert floor <= sum(split), (shape, dp, ep, zero)
+                    checked += 1
+    assert checked > 100
+    # Megatron-core's search offers its distributed optimizer alone where the runtime also runs ZeRO 3.
+    assert tighter > 0 or job.training.runtime != "megatron"

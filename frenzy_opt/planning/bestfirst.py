@@ -28,9 +28,10 @@ first whose plan fits (and that the full search reaches) wins, with the same tie
   come out faster). It enters the heap at that bound, and is estimated only when the bound comes first.
 * **Memory floors first, the rest on demand.** A candidate enters its heap only when its shape's memory floor
   (:func:`frenzy_opt.planning.candidates.lower_bound`) fits at the shape's largest dp (the full search's test
-  of the shape) and at its own dp; one that does not is replaced by the same layout with the next recompute
-  that does (nearly every candidate comes first in some heap, so the floors are worked out as the heaps are
-  built, once per shape and dp for all the groups of a training config,
+  of the shape) and its offered floor (the same with the states sharded at the deepest ZeRO stage the search
+  offers, far tighter under Megatron-core) at its own dp; one that does not is replaced by the same layout
+  with the next recompute that does (nearly every candidate comes first in some heap, so the floors are worked
+  out as the heaps are built, once per shape and dp for all the groups of a training config,
   :class:`frenzy_opt.planning.candidates.ShapeFloors`). It is priced exactly only when its bound without the
   allocator reserve fits and, at a dp >= 2, such a bound fits some GPU at every larger dp of its shape; and its
   plan is judged as the full search judges it (:meth:`frenzy_opt.planning.group.GpuGroup.resolve`) when it
@@ -422,38 +423,48 @@ class GroupBestFirst:
         its memory floors (:meth:`_gate` and :meth:`_floor`) enters, at its own bound; those below them have no
         plan (nearly every candidate comes first in some heap, so the floors are worked out as the heaps are
         built rather than on demand). Recompute does not change the layouts or the dps."""
-        successor, floor_values, capacity = self.successor, self.floor_values, self.group.capacity
+        successor, gates, floor_values, capacity = self.successor, self.gates, self.floor_values, self.group.capacity
         first: int | None = index
         while first is not None:
-            if self._gate(first):
-                values = floor_values[first]  # the gate has read the shape's floors
-                assert values is not None
-                value = values.get(dp)
+            passed = gates[first]
+            if passed is None:
+                passed = self._gate(first)
+            if passed:
+                values = floor_values[first]
+                value = None if values is None else values.get(dp)
                 if value is None:
-                    value = self.shape_floors.at(self.shapes[first], values, dp)
+                    value = self._floor_value(first, dp)
                 if value <= capacity:
                     return first
             first = successor[first]
         return None
 
     def _gate(self, index: int) -> bool:
-        """Whether the shape's memory floor at its largest dp fits (the full search's test of the shape)."""
+        """Whether the shape's memory floor (:func:`lower_bound`) at its largest dp fits: the full search's test of
+        the shape."""
         passed = self.gates[index]
         if passed is None:
             dps = self.dps[index]
-            passed = self.gates[index] = bool(dps) and self._floor(index, dps[0])
+            passed = bool(dps) and self.shape_floors.lower_bound(self.shapes[index], dps[0]) <= self.group.capacity
+            self.gates[index] = passed
         return passed
 
     def _floor(self, index: int, dp: int) -> bool:
-        """Whether the shape's memory floor at ``dp`` (:func:`lower_bound`, valid for every candidate of the
-        shape at that dp) fits the group's largest GPU."""
+        """Whether the shape's offered memory floor at ``dp`` (:class:`ShapeFloors`: at most the allocated peak of
+        every candidate the search builds of the shape at that dp) fits the group's largest GPU."""
+        values = self.floor_values[index]
+        value = None if values is None else values.get(dp)
+        if value is None:
+            value = self._floor_value(index, dp)
+        return value <= self.group.capacity
+
+    def _floor_value(self, index: int, dp: int) -> float:
+        """The shape's offered memory floor at ``dp``, kept in ``floor_values``."""
+        shape = self.shapes[index]
         values = self.floor_values[index]
         if values is None:
-            values = self.floor_values[index] = self.shape_floors.of(self.shapes[index])
-        value = values.get(dp)
-        if value is None:
-            value = self.shape_floors.at(self.shapes[index], values, dp)
-        return value <= self.group.capacity
+            values = self.floor_values[index] = self.shape_floors.of(shape, offered=True)
+        return self.shape_floors.at(shape, values, dp, offered=True)
 
     def _possible(self, key: _Key, gpu: GpuType) -> bool:
         """A necessary condition for the candidate (its shape's floors passed) to have a plan on ``gpu`` that the

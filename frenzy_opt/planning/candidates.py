@@ -267,53 +267,83 @@ def floor_ep(job: JobSpec, dp: int) -> int:
 class ShapeFloors:
     """The memory floors of a job's shapes (:func:`lower_bound`), and the parts they share, each worked out
     once: the first stage's layers per (pp, vpp), the parameters per (tp, ep, pp, layers), the state layout
-    with one data-parallel rank or more, the model states per (tp, ep, pp, layers, dp > 1, state shards), the
-    micro-batches in flight per (pp, vpp, micro-batch count), the activations per (micro-batch, tp, cp, ep,
-    sequence parallelism, recompute). A floor reads the model, the training config and the pinned stage split,
-    not the GPU or its attention kernel (flash attention's activations bound any kernel's), so the searches of GPU
-    groups with one training config may share one (:class:`frenzy_opt.planning.bestfirst.GroupBestFirst`)."""
+    per ZeRO stage with one data-parallel rank or more, the model states per (tp, ep, pp, layers, ZeRO stage,
+    dp > 1, state shards), the micro-batches in flight per (pp, vpp, micro-batch count), the activations per
+    (micro-batch, tp, cp, ep, sequence parallelism, recompute). A floor reads the model, the training config and
+    the pinned stage split, not the GPU or its attention kernel (flash attention's activations bound any
+    kernel's), so the searches of GPU groups with one training config may share one
+    (:class:`frenzy_opt.planning.bestfirst.GroupBestFirst`).
+
+    The *offered* floors (``offered=True`` in :meth:`of` and :meth:`at`) shard the states at the deepest ZeRO
+    stage the search offers the shape at that dp (:func:`_zero_choices`: Megatron-core's default is its
+    distributed optimizer alone, Megatron FSDP's stages 2 and 3 only when pinned) instead of the deepest the
+    runtime implements: still below every candidate the search builds of the shape at that dp (only the stage
+    changes, and a deeper stage shards more of the states, :func:`state_layout_for`), and far tighter where the
+    runtime's deepest stage is not offered (llama3-70b at tp 1, pp 2, cp 2, dp 4: 79 GiB against its candidate's
+    246 GiB of states at ZeRO 1). The best-first search refuses a shape's dp on them; the test of a whole shape
+    stays :func:`lower_bound` at its largest dp, the full search's (it decides whether the shape's dp = 1, which
+    the dp scan checks whatever the larger dps held, is searched at all), and
+    :func:`frenzy_opt.planning.plans.enumerate_plans` reads only :func:`lower_bound` (its tally, the least bound
+    and the closest refusal, reads every shape that passes)."""
 
     def __init__(self, job: JobSpec) -> None:
         self.job = job
         self.values: dict[Shape, dict[int, float]] = {}
+        self.offered: dict[Shape, dict[int, float]] = {}
         self.eps: dict[int, int] = {}
+        self._deepest = max(ZERO_STAGES_BY_RUNTIME[job.training.runtime])
+        self._zeros: dict[tuple[int, int, int, int], int] = {}
         self._chunks: dict[tuple[int, int], tuple[tuple[int, ...], int]] = {}
         self._params: dict[tuple[int, int, int, int], tuple[float, float]] = {}
-        self._layouts: dict[bool, StateLayout] = {}
+        self._layouts: dict[tuple[int, bool], StateLayout] = {}
         self._acts: dict[tuple[int, int, int, int, bool, str], tuple[float, float]] = {}
-        self._states: dict[tuple[int, int, int, int, bool, int], float] = {}
+        self._states: dict[tuple[int, int, int, int, int, bool, int], float] = {}
         self._in_flight: dict[tuple[int, int, int], float] = {}
 
-    def of(self, shape: Shape) -> dict[int, float]:
-        """The shape's floors by dp worked out so far (:meth:`at` adds to it)."""
-        values = self.values.get(shape)
+    def of(self, shape: Shape, *, offered: bool = False) -> dict[int, float]:
+        """The shape's floors by dp worked out so far (:meth:`at` with the same ``offered`` adds to it)."""
+        table = self.offered if offered else self.values
+        values = table.get(shape)
         if values is None:
-            values = self.values[shape] = {}
+            values = table[shape] = {}
         return values
 
     def lower_bound(self, shape: Shape, dp: int) -> float:
         """:func:`lower_bound` of the shape at ``dp``, worked out once."""
         return self.at(shape, self.of(shape), dp)
 
-    def at(self, shape: Shape, values: dict[int, float], dp: int) -> float:
-        """:func:`lower_bound` of the shape at ``dp``, kept in ``values`` (the shape's :meth:`of`)."""
+    def at(self, shape: Shape, values: dict[int, float], dp: int, *, offered: bool = False) -> float:
+        """:func:`lower_bound` of the shape at ``dp``, or (``offered``) its offered floor (class docstring), kept
+        in ``values`` (the shape's :meth:`of` with the same ``offered``)."""
         value = values.get(dp)
         if value is None:
-            value = values[dp] = self._value(shape, dp)
+            value = values[dp] = self._value(shape, dp, self._zero_of(shape, dp) if offered else self._deepest)
         return value
 
-    def _value(self, shape: Shape, dp: int) -> float:
-        """:func:`lower_bound` of the shape at ``dp``, from the terms the shapes share (class docstring)."""
+    def _zero_of(self, shape: Shape, dp: int) -> int:
+        """The deepest ZeRO stage the search offers the shape at ``dp`` (the runtime's deepest where it offers
+        none: then the shape has no candidate there), per (tp, pp, cp, dp), all :func:`_zero_choices` reads of
+        a shape."""
+        zkey = (shape.tp, shape.pp, shape.cp, dp)
+        zero = self._zeros.get(zkey)
+        if zero is None:
+            choices = _zero_choices(self.job, dp, shape.cp, tp=shape.tp, pp=shape.pp)
+            zero = self._zeros[zkey] = max(choices, default=self._deepest)
+        return zero
+
+    def _value(self, shape: Shape, dp: int, zero: int) -> float:
+        """:func:`lower_bound` of the shape at ``dp`` with the states sharded at ZeRO stage ``zero``, from the
+        terms the shapes share (class docstring)."""
         ep = self.eps.get(dp)
         if ep is None:
             ep = self.eps[dp] = floor_ep(self.job, dp)
         pp, multi, shards = shape.pp, dp > 1, dp * shape.cp
         chunks, layers = self._chunks_of(shape)
-        skey = (shape.tp, ep, pp, layers, multi, shards)
+        skey = (shape.tp, ep, pp, layers, zero, multi, shards)
         states = self._states.get(skey)
         if states is None:
             dense, expert = self._params_of(shape, ep, layers)
-            layout = self._layout_of(multi)
+            layout = self._layout_of(zero, multi)
             states = self._states[skey] = dense * sum(layout.per_param(shards)) + expert * sum(
                 layout.per_param(max(shards // ep, 1))
             )
@@ -334,13 +364,12 @@ class ShapeFloors:
             params = self._params[pkey] = (terms.params - terms.expert_params, terms.expert_params)
         return params
 
-    def _layout_of(self, multi: bool) -> StateLayout:
-        """The state layout at the runtime's deepest ZeRO stage, with more than one data-parallel rank or one."""
-        layout = self._layouts.get(multi)
+    def _layout_of(self, zero: int, multi: bool) -> StateLayout:
+        """The state layout at ZeRO stage ``zero``, with more than one data-parallel rank or one."""
+        layout = self._layouts.get((zero, multi))
         if layout is None:
             training = self.job.training
-            zero = max(ZERO_STAGES_BY_RUNTIME[training.runtime])
-            layout = self._layouts[multi] = state_layout_for(
+            layout = self._layouts[(zero, multi)] = state_layout_for(
                 training.runtime, training.precision, training.optimizer, zero, multi, fp8_param_gather(training, zero)
             )
         return layout
