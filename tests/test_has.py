@@ -23,7 +23,7 @@ from frenzy_opt.service.store import Store
 from frenzy_opt.simulation.simulator import SimJob, Simulator
 from frenzy_opt.solvers.base import make_policy
 from frenzy_opt.solvers.greedy import GreedyState
-from frenzy_opt.solvers.greedy_review import MAX_OVERHEAD
+from frenzy_opt.solvers.greedy_review import MAX_OVERHEAD, MOVE_MARGIN, PREEMPT_RATIO
 
 GPU = "A100-SXM4-80GB"
 # One type, two 8-GPU nodes (16 GPUs).
@@ -146,6 +146,22 @@ def test_a_short_job_preempts_a_long_one_within_the_restart_bounds() -> None:
     at_budget = 3 * 60.0 / MAX_OVERHEAD
     for at, moved in ((at_budget - 1.0, []), (at_budget + 1.0, ["long"])):
         assert _moved_before(long, short, restarts=2, since=100.0, at=at) == moved
+
+
+def test_a_preemption_must_save_more_than_the_margin_times_its_cost() -> None:
+    # A 1-second job waits for a long one's end; stopping the long one costs it its 60-s restart plus that second.
+    # It is stopped only when the wait it saves is over MOVE_MARGIN times that cost.
+    cost = 60.0 + 1.0
+    threshold = MOVE_MARGIN * cost
+    short = _job("short", (_option(16, 1.0),), restart_s=60.0)
+    for left, moved in ((threshold + 2.0, ["long"]), (max(threshold - 2.0, 0.0), [])):
+        assert left > PREEMPT_RATIO * 1.0  # long enough to preempt for: only the margin decides
+        long = _job("long", (_option(16, 1000.0 + left),), restart_s=60.0)
+        state = GreedyState(SchedulingProblem(topology=TOPOLOGY, jobs=()), patient=False)
+        _running(state, long, 0.0)
+        state.queue["short"] = short
+        assert state.decide(1000.0) == []  # nothing free
+        assert [m.job for m in state.review(1000.0, max_restarts=5)] == moved
 
 
 def test_a_job_its_spec_keeps_in_place_is_never_preempted() -> None:
