@@ -9,6 +9,7 @@ PyTorch module exactly (checked in the tests).
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, fields
 from typing import Any
@@ -148,11 +149,14 @@ def _attention_params(arch: ModelArch, tp: int) -> int:
     return weights + biases
 
 
+@functools.lru_cache(maxsize=4096)
 def shard_param_counts(arch: ModelArch, *, tp: int, ep: int) -> ShardParamCounts:
     """Parameters on one rank of a ``tp`` x ``ep`` shard (Megatron-LM layout, Shoeybi et al. 2019).
 
     Vocabulary-parallel embedding and output layer hold ``ceil(V / tp)`` rows each; experts are divided
-    over ``ep`` ranks and each expert's MLP is tensor-parallel over ``tp`` as well.
+    over ``ep`` ranks and each expert's MLP is tensor-parallel over ``tp`` as well. Cached (exact integers
+    of the architecture's fields): a plan search reads :attr:`ModelArch.num_params` twice per candidate it
+    prices (:func:`frenzy_opt.prediction.stepterms.step_terms_of`).
     """
     h = arch.hidden_size
     vocab_local = math.ceil(arch.vocab_size / tp)

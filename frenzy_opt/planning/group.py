@@ -241,6 +241,8 @@ class Candidate:
     """Its :func:`link_parts` per the group's link index (:attr:`GpuGroup.link_ids`)."""
     num_micro_batches: int = 0
     """Micro-batches per step and data-parallel rank (the job's :meth:`TrainingConfig.num_micro_batches`)."""
+    num_gpus: int = 0
+    """``parallel.num_gpus``, read once per candidate instead of once per plan (:meth:`GpuGroup._plan`)."""
     bare_stage: int | None = None
     """Which of ``models`` holds the largest bound without the allocator reserve (:meth:`GpuGroup._bare`)."""
 
@@ -338,6 +340,7 @@ class GpuGroup:
         # predicted tensors alone (the allocated peak) exceed the GPU, and flagged ``memory_risk`` when the
         # upper bound plus headroom does not fit (MARP's bound is conservative by design, docs/marp-validation.md).
         self.user_layout = pins_whole_layout(job)
+        self._train_steps = job.training.train_steps  # read once per plan (:meth:`_plan`)
         self._ratios: dict[int, float] = {}
         self._pricing = shared_pricing(self.base, step_model, [(gpu, self.links[gpu.name]) for gpu in gpus])
         self._nccls: dict[tuple[int, int, int, int, int, str], int] = {}
@@ -364,7 +367,7 @@ class GpuGroup:
         microbatches = self.job.training.num_micro_batches(parallel.dp, micro_batch_size)
         seconds = self._pricing.seconds.setdefault((parallel, micro_batch_size), {})
         return Candidate(parallel=parallel, micro_batch_size=micro_batch_size, allocated=allocated, models=models,
-                         num_micro_batches=microbatches, seconds=seconds)  # fmt: skip
+                         num_micro_batches=microbatches, seconds=seconds, num_gpus=parallel.num_gpus)  # fmt: skip
 
     def rows(self, headroom: float) -> list[list[GpuRow]]:
         """The group's GPUs as :class:`GpuRow` at ``headroom``, split as :attr:`by_link` splits them (built once
@@ -509,7 +512,7 @@ class GpuGroup:
         upper = admitted.upper
         return Plan(
             gpu_type=row.name,
-            num_gpus=parallel.num_gpus,
+            num_gpus=candidate.num_gpus,
             parallel=parallel,
             micro_batch_size=candidate.micro_batch_size,
             precision=row.label,
@@ -518,7 +521,7 @@ class GpuGroup:
             device_used_bytes=admitted.used,
             capacity_bytes=row.memory,
             step_time_s=seconds,
-            est_runtime_s=seconds * self.job.training.train_steps,
+            est_runtime_s=seconds * self._train_steps,
             peak_allocated_upper_bytes=upper.allocated,
             peak_reserved_upper_bytes=upper.reserved,
             device_used_upper_bytes=upper.device_used,

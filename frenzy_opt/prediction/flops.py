@@ -6,6 +6,8 @@ recompute chosen), :func:`peak_tflops` the dense peak a utilisation figure divid
 
 from __future__ import annotations
 
+import functools
+
 from frenzy_opt.core.enums import Precision, Recompute
 from frenzy_opt.core.spec import ParallelConfig, TrainingConfig
 from frenzy_opt.hardware.gpus import GpuType
@@ -29,10 +31,12 @@ def peak_tflops(gpu: GpuType, precision: str) -> float:
     return float(value)
 
 
+@functools.lru_cache(maxsize=1024)
 def forward_flops_per_token(arch: ModelArch, seq_len: int) -> tuple[float, float]:
     """(dense forward FLOPs per token, the attention core's share), Narayanan et al. 2021, Eq. 3: two FLOPs
     per multiply-add over the active matmul weights (output layer included, embedding lookup not) and
-    ``4 s (heads x head_dim)`` per layer for QK^T and attention x V."""
+    ``4 s (heads x head_dim)`` per layer for QK^T and attention x V. Cached: a plan search reads it once per
+    candidate it prices (:func:`step_flops`), always for the same model and sequence length."""
     # Active parameters less the embedding table(s); an untied output layer is among them, a tied one
     # shares the table's weights but multiplies all the same.
     matmul_params = arch.num_active_params - _embedding_params(arch)

@@ -138,11 +138,13 @@ def step_terms(job: JobSpec) -> StepTerms:
     return step_terms_of(job.model, job.training, job.parallel)
 
 
+@functools.lru_cache(maxsize=1024)
 def _layer_linear_dims(arch: ModelArch, tp: int) -> tuple[float, float]:
     """(linear weights per layer on one tp rank, the sum of the linears' input and output widths) for the
     active path of one token: the linears of :func:`_layer_linears` weighted by the share of a token that
     passes each (an MoE layer's routed experts ``moe_top_k`` times in all); the router counts among the
-    weights, not the widths."""
+    weights, not the widths. Cached: :func:`step_terms_of` reads it once per candidate a plan search prices,
+    for a handful of tp degrees."""
     linears = _layer_linears(arch, tp, 1, 1.0)
     weights = sum(share * alike * fan_in * fan_out for share, fan_in, fan_out, alike in linears + _router(arch, 1.0))
     widths = sum(share * alike * (fan_in + fan_out) for share, fan_in, fan_out, alike in linears)

@@ -133,10 +133,11 @@ class StepShape:
 
 
 def split_sizes(total: int, parts: int) -> list[int]:
-    """``total`` bytes as ``parts`` near-equal tensors (at most :data:`MAX_SLOTS`)."""
+    """``total`` bytes as ``parts`` near-equal tensors (at most :data:`MAX_SLOTS`), the larger ones first. Built
+    by list repetition: a plan search splits every stage model's states this way (:meth:`StageModel.step_shape`)."""
     parts = max(1, min(parts, MAX_SLOTS))
     base, extra = divmod(max(total, 0), parts)
-    return [base + (1 if i < extra else 0) for i in range(parts)]
+    return [base + 1] * extra + [base] * (parts - extra)
 
 
 def stage_events(shape: StepShape, steps: int = 2) -> list[MemEvent]:
