@@ -5,7 +5,7 @@ A group's GPUs of one workspace size and intra-node link share a candidate's mem
 stage once, then on the stage that holds the largest), a GPU of the previous one's memory, workspaces and link
 takes its memory judgment (:func:`frenzy_opt.planning.group.repeats`), and the candidates of a dp scan share
 their micro-batch parts per GPU (:meth:`frenzy_opt.planning.group.GpuGroup.seconds`), whose step time is
-summed without a :class:`~frenzy_opt.prediction.stepeval.StepTime` (``assembled_total_s``). Here
+summed without a :class:`~frenzy_opt.prediction.stepeval.StepTime` (``parts_total``). Here
 every candidate with a plan is judged again on each GPU of its group on its own (a fresh candidate, nothing
 shared with another GPU), and every plan's step time is priced again straight from its step terms
 (:meth:`frenzy_opt.prediction.stepterms.StepTerms.evaluate`): both must give the search's plans bit for bit.

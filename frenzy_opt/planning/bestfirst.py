@@ -66,7 +66,14 @@ from frenzy_opt.planning.candidates import (
 )
 from frenzy_opt.planning.group import Candidate, GpuGroup
 from frenzy_opt.planning.plans import rank_key
-from frenzy_opt.prediction.stepeval import MicrobatchTime, StepTime, microbatch_time, per_microbatch_s, step_parts
+from frenzy_opt.prediction.stepeval import (
+    MicrobatchTime,
+    StepTime,
+    microbatch_time,
+    parts_total,
+    per_microbatch_s,
+    step_parts,
+)
 from frenzy_opt.prediction.stepterms import StepTerms, cached_step_terms
 
 Admit = Callable[[str, int], bool]
@@ -382,11 +389,10 @@ class GroupBestFirst:
                 ref = self.refs[fkey] = self._terms(key)
             view = self.views[vkey] = _view(self.group, ref, shape.pp, dp)
         group = self.group
-        # assemble()'s parts without its StepTime: the total summed in StepTime.total_s's order (assembled_total_s)
-        compute, bubble, intra, p2p, exposed, optimizer, overhead = step_parts(
-            view, self._scaled(key, name), group.links[name], group.step_model
-        )
-        total = compute + bubble + intra + p2p + exposed + optimizer + overhead
+        # assemble()'s parts without its StepTime (the follower bound reads them too)
+        parts = step_parts(view, self._scaled(key, name), group.links[name], group.step_model)
+        compute, bubble, _, p2p, _, optimizer, overhead = parts
+        total = parts_total(parts)
         rank = self.ranks[index]
         entries = [(total * (1 - ROUNDING), rank, next(self.sequence), _ESTIMATE, key)]
         follower = self.successor[index]

@@ -31,7 +31,15 @@ from frenzy_opt.prediction.marp.cuda import CudaTerms, cuda_totals, stage_bound
 from frenzy_opt.prediction.marp.fit import MemoryFit
 from frenzy_opt.prediction.marp.predictor import peak_stages
 from frenzy_opt.prediction.marp.stage_model import StageModel, layer_counts, stage_model_of
-from frenzy_opt.prediction.stepeval import GpuRates, MicrobatchTime, gpu_rates, link_parts, microbatch_time, parts_with
+from frenzy_opt.prediction.stepeval import (
+    GpuRates,
+    MicrobatchTime,
+    gpu_rates,
+    link_parts,
+    microbatch_time,
+    parts_total,
+    parts_with,
+)
 from frenzy_opt.prediction.stepterms import StepTerms, cached_step_terms
 from frenzy_opt.prediction.steptime import StepTimeModel
 
@@ -470,7 +478,7 @@ class GpuGroup:
         ``candidate.seconds``. The micro-batch parts (:func:`microbatch_time`, what :meth:`StepTerms.evaluate`
         assembles) do not read dp or the ZeRO stage (:func:`parts_key`), so the candidates of a dp scan share
         them per GPU; the links' seconds (:func:`link_parts`) do not read the GPU, so the GPUs of one link
-        share them per candidate. The total is :func:`assembled_total_s`'s: the same parts summed in the same
+        share them per candidate. The total is :func:`parts_total`'s: the same parts summed in the same
         order."""
         terms = candidate.terms
         if terms is None:
@@ -486,8 +494,7 @@ class GpuGroup:
         shared = candidate.link_parts.get(link_id)
         if shared is None:
             shared = candidate.link_parts[link_id] = link_parts(terms, links, self.step_model)
-        compute, bubble, intra, p2p, exposed, optimizer, overhead = parts_with(terms, parts, shared)
-        found = candidate.seconds[gpu.name] = compute + bubble + intra + p2p + exposed + optimizer + overhead
+        found = candidate.seconds[gpu.name] = parts_total(parts_with(terms, parts, shared))
         return found
 
     def _admit(self, candidate: Candidate, row: GpuRow, upper: MemoryBound) -> Admission | None:

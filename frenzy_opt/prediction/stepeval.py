@@ -34,11 +34,11 @@ __all__ = [
     "MicrobatchTime",
     "StepTime",
     "assemble",
-    "assembled_total_s",
     "evaluate_terms",
     "gpu_rates",
     "link_parts",
     "microbatch_time",
+    "parts_total",
     "parts_with",
     "per_microbatch_s",
     "profiled_point",
@@ -293,11 +293,11 @@ def assemble(t: DpTerms, mb: MicrobatchTime, links: Links, model: StepTimeModel)
     )
 
 
-def assembled_total_s(t: DpTerms, mb: MicrobatchTime, links: Links, model: StepTimeModel) -> float:
-    """``assemble(t, mb, links, model).total_s`` without building the :class:`StepTime` (a plan search needs
-    only the total, once per plan): the same parts, summed in :attr:`StepTime.total_s`'s order, so the same
-    float bit for bit."""
-    compute, bubble, intra, p2p, exposed, optimizer, overhead = step_parts(t, mb, links, model)
+def parts_total(parts: tuple[float, float, float, float, float, float, float]) -> float:
+    """``assemble(...).total_s`` from :func:`step_parts` (or :func:`parts_with`) without building the
+    :class:`StepTime` (a plan search needs only the total, once per plan): the same parts, summed in
+    :attr:`StepTime.total_s`'s order, so the same float bit for bit."""
+    compute, bubble, intra, p2p, exposed, optimizer, overhead = parts
     return compute + bubble + intra + p2p + exposed + optimizer + overhead
 
 
