@@ -7,6 +7,8 @@ from dataclasses import replace
 
 import pytest
 from factories import cluster_of, first_per_count
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from frenzy_opt.core.spec import JobSpec, parse_job
 from frenzy_opt.hardware.cluster import ClusterSpec
@@ -14,7 +16,7 @@ from frenzy_opt.hardware.topology import Topology
 from frenzy_opt.launch.executors.common import plan_supported
 from frenzy_opt.planning.fastest import fastest_plans
 from frenzy_opt.planning.plans import Plan, enumerate_plans
-from frenzy_opt.planning.problem import best_per_count, search_options
+from frenzy_opt.planning.problem import Option, best_per_count, search_options, supported, thin_fronts
 
 
 def _cluster(*groups: tuple[str, int, int]) -> ClusterSpec:
@@ -94,3 +96,49 @@ def test_a_gpus_plans_do_not_depend_on_the_gpus_searched_with_it() -> None:
     alone = enumerate_plans(job, _cluster(("A100-SXM4-40GB", 1, 8))).plans
     paired = enumerate_plans(job, _cluster(("A100-SXM4-80GB", 1, 8), ("A100-SXM4-40GB", 1, 8))).plans
     assert [p for p in paired if p.gpu_type == "A100-SXM4-40GB"] == alone
+
+
+def _front(points: list[tuple[int, float]]) -> list[Option]:
+    return [Option(gpu_type="H100", num_gpus=n, whole_nodes=0, duration_s=d, plan=None) for n, d in points]  # type: ignore[arg-type]
+
+
+def test_a_thinned_front_keeps_the_lean_counts_and_drops_the_ones_that_scale_badly() -> None:
+    # A 13B model's front on H100s (GPUs, seconds per step, as planned on cluster-2048): 16, 64 and 256 GPUs are the
+    # leanest for their speed; 8, 40, 80, 128 and 160 cost more GPU-seconds than a faster count on either side.
+    front = _front(
+        [
+            *[(4, 105), (5, 74), (8, 46), (16, 23), (32, 11.65), (40, 10.35), (64, 6.05), (80, 5.66)],
+            *[(128, 3.24), (160, 3.19), (256, 1.64), (512, 1.08)],
+        ]
+    )
+    assert [front[i].num_gpus for i in supported(front)] == [16, 32, 64, 256, 512]
+    assert [o.num_gpus for o in thin_fronts([front], 6)] == [4, 16, 32, 64, 256, 512]
+    # fewer slots than the hull: the fewest-GPU option and the hull's ends stay
+    assert [o.num_gpus for o in thin_fronts([front], 3)] == [4, 16, 512]
+    # more slots than the hull: the rest of the front fills them
+    assert [o.num_gpus for o in thin_fronts([front], 8)] == [4, 5, 16, 32, 64, 160, 256, 512]
+    assert thin_fronts([front[:4]], 6) == tuple(front[:4])  # short fronts untouched
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(1, 64), st.floats(1.0, 1e5)), min_size=1, max_size=24),
+    st.integers(2, 8),
+    st.floats(0.0, 10.0),
+)
+def test_the_cheapest_option_at_any_price_survives_the_cut(
+    raw: list[tuple[int, float]], count: int, price: float
+) -> None:
+    # a Pareto front as built from per-count plans: more GPUs, strictly faster
+    points: list[tuple[int, float]] = []
+    for gpus, duration in sorted(raw):
+        if not points or (gpus > points[-1][0] and duration < points[-1][1]):
+            points.append((gpus, duration))
+    front = _front(points)
+    kept = thin_fronts([front], count)
+    assert len(kept) == min(count, len(front)) and kept[0] is front[0]
+    assert list(kept) == sorted(kept, key=lambda o: o.num_gpus)
+    cheapest = min(front, key=lambda o: (o.duration_s + price * o.num_gpus * o.duration_s, o.duration_s))
+    best_kept = min(o.duration_s + price * o.num_gpus * o.duration_s for o in kept)
+    if len(supported(front)) <= count - 1:  # the whole hull fits in the cut
+        assert best_kept == pytest.approx(cheapest.duration_s + price * cheapest.num_gpus * cheapest.duration_s)

@@ -4,9 +4,10 @@ topology, its current occupancy; and the schedule a solver returns, with its che
 A job's candidate plans (:class:`Option`) come from :func:`frenzy_opt.planning.fastest.fastest_plans` (the plan
 :func:`frenzy_opt.planning.plans.enumerate_plans` ranks first for each GPU type and count): per GPU type,
 the Pareto front of GPU count against predicted runtime among the plans the placement rule admits
-(:meth:`frenzy_opt.hardware.topology.Topology.nodes_needed`), at most ``max_options_per_type`` of them spread from
-the fewest GPUs to the fastest. Durations are the plans' ``est_runtime_s`` rounded up to whole seconds and
-arrivals are rounded up to whole seconds too, so the exact solvers' integer time is the problem's own.
+(:meth:`frenzy_opt.hardware.topology.Topology.nodes_needed`), at most ``max_options_per_type`` of them: the one of
+fewest GPUs and those some price of GPU-seconds makes the cheapest (:func:`thin_fronts`). Durations are the plans'
+``est_runtime_s`` rounded up to whole seconds and arrivals are rounded up to whole seconds too, so the exact solvers'
+integer time is the problem's own.
 
 JCT of a job = end - arrival; the objective = sum of weight x JCT (contract 3).
 """
@@ -161,15 +162,63 @@ def undominated(items: Sequence[T], shape: Callable[[T], tuple[str, int, float]]
 
 
 def thin_fronts(fronts: Iterable[list[Option]], max_options_per_type: int) -> tuple[Option, ...]:
-    """Each per-type front (ordered from the fewest GPUs to the fastest) cut to at most
-    ``max_options_per_type`` options spread evenly along it, both ends kept; all fronts concatenated."""
+    """Each per-type front (ordered from the fewest GPUs to the fastest) cut to at most ``max_options_per_type``
+    options: its fewest-GPU option (it fits where little is free) and the options some price of GPU-seconds
+    makes the cheapest (:func:`supported`), spread evenly over them if there are more (both ends kept), the rest
+    of the front spread evenly in the slots left; all fronts concatenated. Spread evenly over the whole front,
+    the cut kept counts that scale badly and dropped the lean ones between them (a 13B model on H100s: 80, 160
+    and 512 GPUs at 453 to 555 GPU-seconds per step kept, 16, 64 and 256 at 367 to 420 dropped), and a job
+    priced by the queue behind it could only run wide by wasting GPUs: on ``cluster2048-llm`` frenzy's p99 JCT
+    was 15 % above sia's (``benchmarks/results/compare-frenzy-sia-cluster2048.md``, before and after)."""
     options: list[Option] = []
     for front in fronts:
         if len(front) > max_options_per_type:
-            step = (len(front) - 1) / (max_options_per_type - 1)
-            front = [front[round(i * step)] for i in range(max_options_per_type)]
+            front = _thin(front, max_options_per_type)
         options += front
     return tuple(options)
+
+
+def supported(front: Sequence[Option]) -> list[int]:
+    """The indices in ``front`` of the options that minimise ``duration + price x GPU-seconds`` for some price
+    >= 0, fewest GPUs first: the lower convex hull of the points (GPU-seconds, duration) from the least
+    GPU-seconds to the fastest (a linear cost over a finite set is minimised at a vertex of its convex hull;
+    Boyd & Vandenberghe 2004, §2.5). An option off it is never the cheapest of those that fit, whatever the
+    queue makes a GPU-second cost (the greedy's marginal cost, :mod:`frenzy_opt.solvers.greedy`): it can only
+    matter where fewer GPUs are free than its neighbours on the hull need."""
+    points = sorted(range(len(front)), key=lambda i: (front[i].num_gpus * front[i].duration_s, front[i].duration_s))
+    hull: list[int] = []
+    for i in points:
+        work, duration = front[i].num_gpus * front[i].duration_s, front[i].duration_s
+        if hull and duration >= front[hull[-1]].duration_s:
+            continue  # more GPU-seconds and no faster: dominated
+        while len(hull) >= 2:
+            a, b = front[hull[-2]], front[hull[-1]]
+            wa, wb = a.num_gpus * a.duration_s, b.num_gpus * b.duration_s
+            # b is on or above the segment a -> i: drop it
+            if (wb - wa) * (a.duration_s - duration) >= (work - wa) * (a.duration_s - b.duration_s):
+                hull.pop()
+            else:
+                break
+        hull.append(i)
+    return sorted(hull, key=lambda i: front[i].num_gpus)
+
+
+def _spread(indices: list[int], count: int) -> list[int]:
+    """``count`` of ``indices`` spread evenly, both ends kept (the middle one alone for one)."""
+    if len(indices) <= count:
+        return indices
+    if count == 1:
+        return [indices[len(indices) // 2]]
+    step = (len(indices) - 1) / (count - 1)
+    return [indices[round(k * step)] for k in range(count)]
+
+
+def _thin(front: list[Option], count: int) -> list[Option]:
+    """``count`` options of ``front`` (longer than ``count``), as :func:`thin_fronts` says."""
+    hull = supported(front)
+    keep = _spread(hull, count) if hull[0] == 0 else [0, *_spread(hull, count - 1)]
+    rest = [i for i in range(len(front)) if i not in keep]
+    return [front[i] for i in sorted(keep + _spread(rest, count - len(keep)) if len(keep) < count else keep)]
 
 
 def options_for(
