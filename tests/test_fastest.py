@@ -117,6 +117,7 @@ def test_a_thinned_front_keeps_the_lean_counts_and_drops_the_ones_that_scale_bad
     assert [o.num_gpus for o in thin_fronts([front], 3)] == [4, 16, 512]
     # more slots than the hull: the rest of the front fills them
     assert [o.num_gpus for o in thin_fronts([front], 8)] == [4, 5, 16, 32, 64, 160, 256, 512]
+    assert [o.num_gpus for o in thin_fronts([front], 2)] == [4, 512]  # one slot for the hull: its fastest end
     assert thin_fronts([front[:4]], 6) == tuple(front[:4])  # short fronts untouched
 
 
