@@ -57,7 +57,7 @@ def measure(experiment: Experiment, policy: str) -> dict[str, float]:
     truth = experiment.truth
     assert isinstance(truth, NoisyTruth)
     result = experiment.results[policy]
-    gpu_h = restart_h = predicted_h = lean_h = run_h = rank_h = 0.0
+    gpu_h = restart_h = predicted_h = lean_h = rank_h = 0.0
     for state in result.jobs.values():
         job = state.job
         lean: dict[str, float] = {}
@@ -73,7 +73,6 @@ def measure(experiment: Experiment, policy: str) -> dict[str, float]:
             steps = max(segment.end_s - segment.start_s - segment.restart_s, 0.0) / segment.step_s
             predicted_h += steps * segment.num_gpus * option.duration_s / 3600
             lean_h += steps * lean[segment.gpu_type] / 3600
-            run_h += held - restarting
             rank_h += held * factors.index(truth.factor(job.id, segment.gpu_type))
     metrics = result.metrics()
     return {
@@ -81,9 +80,9 @@ def measure(experiment: Experiment, policy: str) -> dict[str, float]:
         "restart_h": restart_h,
         "predicted_h": predicted_h,
         "width": lean_h / predicted_h,
-        "true_over_predicted": run_h / predicted_h,
+        "true_over_predicted": (gpu_h - restart_h) / predicted_h,
         "rank": rank_h / gpu_h,
-        "makespan_h": max(state.end_s or 0.0 for state in result.jobs.values()) / 3600,
+        "makespan_h": float(metrics["makespan_s"]) / 3600,
         "avg_jct_h": float(metrics["avg_jct_s"]) / 3600,
         "p99_jct_h": float(metrics["p99_jct_s"]) / 3600,
     }
